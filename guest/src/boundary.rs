@@ -1,0 +1,354 @@
+//! The JavaScript <-> WIT boundary: every conversion between QuickJS values and the values of
+//! the `corral:sandbox` world happens in this file.
+
+use javy::quickjs::{
+    self, Array, Ctx, Exception, Function, Object, Persistent, Promise, Value,
+    context::EvalOptions, promise::PromiseState,
+};
+
+use crate::corral::sandbox::host;
+use crate::corral::sandbox::types::{Binding, CallValue, Completion, LogLevel, User};
+use crate::exports::corral::sandbox::session::ScriptError;
+use crate::{PendingCall, SCRIPT_FILE_NAME, with_session};
+
+/// Scripts are evaluated as the body of an async arrow function. The prefix stays on the first
+/// line so line numbers in errors match the user's script; columns on line 1 are shifted back
+/// by its length in [`script_error`].
+const SCRIPT_PREFIX: &str = "(async () => {\"use strict\";";
+/// The suffix starts on a new line so a trailing `// comment` in the script cannot swallow it.
+const SCRIPT_SUFFIX: &str = "\n})()";
+
+pub(crate) fn wrap_script(source: &str) -> String {
+    let mut wrapped =
+        String::with_capacity(SCRIPT_PREFIX.len() + source.len() + SCRIPT_SUFFIX.len());
+    wrapped.push_str(SCRIPT_PREFIX);
+    wrapped.push_str(source);
+    wrapped.push_str(SCRIPT_SUFFIX);
+    wrapped
+}
+
+pub(crate) fn eval_options(file_name: &str) -> EvalOptions {
+    let mut options = EvalOptions::default();
+    options.global = true;
+    options.strict = false;
+    options.backtrace_barrier = true;
+    options.promise = false;
+    options.filename = Some(file_name.to_string());
+    options
+}
+
+/// Replaces `Math.random` with a xorshift64* generator seeded by the host through
+/// `session-config.random-seed`, so scripts are reproducible unless the host grants entropy.
+pub(crate) fn install_random(ctx: &Ctx<'_>) -> quickjs::Result<()> {
+    let random = Function::new(ctx.clone(), || {
+        with_session(|session| {
+            let mut x = session.random_state;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            session.random_state = x;
+            let bits = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
+            bits as f64 / (1u64 << 53) as f64
+        })
+    })?;
+    let math: Object = ctx.globals().get("Math")?;
+    math.set("random", random)
+}
+
+/// The native behind every `tools.*` function: serializes the one-element argument array,
+/// registers a pending promise and tells the host to start the call.
+pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
+    Function::new(
+        ctx.clone(),
+        |ctx: Ctx<'js>, binding: u32, input: Value<'js>| -> quickjs::Result<Promise<'js>> {
+            let args = Array::new(ctx.clone())?;
+            args.set(0, input)?;
+            let Some(args_json) = ctx.json_stringify(args)? else {
+                return Err(Exception::throw_type(
+                    &ctx,
+                    "the argument cannot be serialized as JSON",
+                ));
+            };
+            let args_json = args_json.to_string()?;
+            let (promise, resolve, reject) = ctx.promise()?;
+            let call_id = with_session(|session| {
+                let call_id = session.next_call_id;
+                session.next_call_id = session.next_call_id.wrapping_add(1);
+                session.pending.push(PendingCall {
+                    call_id,
+                    binding,
+                    resolve: Persistent::save(&ctx, resolve),
+                    reject: Persistent::save(&ctx, reject),
+                });
+                call_id
+            });
+            host::start_call(call_id, binding, &args_json);
+            Ok(promise)
+        },
+    )
+}
+
+/// The native behind `console.*` and `log(...)`.
+pub(crate) fn log_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
+    Function::new(
+        ctx.clone(),
+        |level: u32, message: String, fields: Option<String>| {
+            let level = match level {
+                0 => LogLevel::Debug,
+                1 => LogLevel::Info,
+                2 => LogLevel::Warn,
+                _ => LogLevel::Error,
+            };
+            host::log(level, &message, fields.as_deref());
+        },
+    )
+}
+
+pub(crate) fn bindings_to_js<'js>(
+    ctx: &Ctx<'js>,
+    bindings: &[Binding],
+) -> quickjs::Result<Array<'js>> {
+    let list = Array::new(ctx.clone())?;
+    for (index, binding) in bindings.iter().enumerate() {
+        let entry = Array::new(ctx.clone())?;
+        entry.set(0, binding.id.as_str())?;
+        let path = Array::new(ctx.clone())?;
+        for (i, part) in binding.js_path.iter().enumerate() {
+            path.set(i, part.as_str())?;
+        }
+        if binding.js_path.is_empty() || binding.js_path.iter().any(String::is_empty) {
+            return Err(Exception::throw_type(
+                ctx,
+                &format!("capability {}: js path must be non-empty parts", binding.id),
+            ));
+        }
+        entry.set(1, path)?;
+        list.set(index, entry)?;
+    }
+    Ok(list)
+}
+
+pub(crate) fn user_to_js<'js>(ctx: &Ctx<'js>, user: Option<&User>) -> quickjs::Result<Value<'js>> {
+    let Some(user) = user else {
+        return Ok(Value::new_null(ctx.clone()));
+    };
+    let object = Object::new(ctx.clone())?;
+    object.set("id", user.id.as_str())?;
+    object.set("email", user.email.as_deref())?;
+    object.set("displayName", user.display_name.as_deref())?;
+    Ok(object.into_value())
+}
+
+/// Settles the promises of the given completions.
+pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
+    for completion in completions {
+        let pending = with_session(|session| {
+            let position = session
+                .pending
+                .iter()
+                .position(|p| p.call_id == completion.call_id)?;
+            let call = session.pending.swap_remove(position);
+            let id = session
+                .binding_ids
+                .get(call.binding as usize)
+                .cloned()
+                .unwrap_or_default();
+            Some((call, id))
+        });
+        // A completion for an unknown call is a host bug; ignoring it keeps the script's
+        // promises consistent (the host's own accounting reports it).
+        let Some((call, capability)) = pending else {
+            continue;
+        };
+        let settle = |call: PendingCall| -> quickjs::Result<()> {
+            match completion.outcome {
+                Ok(CallValue::Json(text)) => match ctx.json_parse(text) {
+                    Ok(value) => call.resolve.restore(ctx)?.call::<_, ()>((value,)),
+                    Err(_) => {
+                        let _ = ctx.catch();
+                        let error = make_error(
+                            ctx,
+                            "CapabilityError",
+                            &format!("{capability} returned a result that is not valid JSON"),
+                            &capability,
+                            "",
+                        )?;
+                        call.reject.restore(ctx)?.call::<_, ()>((error,))
+                    }
+                },
+                Ok(CallValue::Text(text)) => call.resolve.restore(ctx)?.call::<_, ()>((text,)),
+                Err(error) => {
+                    let value = make_error(
+                        ctx,
+                        &error.name,
+                        &error.message,
+                        &capability,
+                        &error.tool_call_id,
+                    )?;
+                    call.reject.restore(ctx)?.call::<_, ()>((value,))
+                }
+            }
+        };
+        if settle(call).is_err() {
+            // Settling only fails when the engine is out of memory; the host's memory limit
+            // reports that, so the pending exception is dropped here.
+            let _ = ctx.catch();
+        }
+    }
+}
+
+fn make_error<'js>(
+    ctx: &Ctx<'js>,
+    name: &str,
+    message: &str,
+    capability: &str,
+    tool_call_id: &str,
+) -> quickjs::Result<Value<'js>> {
+    let error = Exception::from_message(ctx.clone(), message)?;
+    let object = error.as_object();
+    object.set("name", name)?;
+    object.set("capability", capability)?;
+    object.set("toolCallId", tool_call_id)?;
+    Ok(error.into_value())
+}
+
+/// `Some` once the script's promise has settled.
+pub(crate) fn settled_result(
+    ctx: &Ctx<'_>,
+    promise: Persistent<Value<'static>>,
+) -> Option<Result<Option<String>, ScriptError>> {
+    let value = match promise.restore(ctx) {
+        Ok(value) => value,
+        Err(error) => return Some(Err(plain_error("InternalError", &error.to_string()))),
+    };
+    // The wrapper always yields a promise; if a script broke out of it, its completion value is
+    // taken as the result.
+    let Some(promise) = value.as_promise().cloned() else {
+        return Some(to_json(ctx, value));
+    };
+    match promise.state() {
+        PromiseState::Pending => None,
+        PromiseState::Resolved => Some(match promise.result::<Value>() {
+            Some(Ok(value)) => to_json(ctx, value),
+            _ => Err(plain_error(
+                "InternalError",
+                "a resolved promise has no value",
+            )),
+        }),
+        PromiseState::Rejected => {
+            let _ = promise.result::<Value>();
+            Some(Err(exception_to_script_error(ctx, ctx.catch())))
+        }
+    }
+}
+
+fn to_json<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> Result<Option<String>, ScriptError> {
+    match ctx.json_stringify(value) {
+        Ok(None) => Ok(None),
+        Ok(Some(text)) => text
+            .to_string()
+            .map(Some)
+            .map_err(|e| plain_error("InternalError", &e.to_string())),
+        Err(error) => Err(script_error(ctx, error)),
+    }
+}
+
+pub(crate) fn plain_error(name: &str, message: &str) -> ScriptError {
+    ScriptError {
+        name: name.to_string(),
+        message: message.to_string(),
+        stack: None,
+        line: None,
+        column: None,
+    }
+}
+
+/// Turns a failed evaluation into a [`ScriptError`], reading the pending exception.
+pub(crate) fn script_error(ctx: &Ctx<'_>, error: quickjs::Error) -> ScriptError {
+    if error.is_exception() {
+        exception_to_script_error(ctx, ctx.catch())
+    } else {
+        plain_error("InternalError", &error.to_string())
+    }
+}
+
+fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptError {
+    let Some(object) = thrown.as_object().filter(|o| o.is_error()) else {
+        // `throw "text"` or `throw {..}`: not an Error, so there is no name or stack.
+        let message = match thrown.as_string() {
+            Some(text) => text.to_string().ok(),
+            None => ctx
+                .json_stringify(thrown.clone())
+                .ok()
+                .flatten()
+                .and_then(|s| s.to_string().ok()),
+        }
+        .unwrap_or_else(|| "a value that is not an Error was thrown".to_string());
+        return plain_error("Error", &message);
+    };
+    let text = |key: &str| -> Option<String> {
+        object
+            .get::<_, Value>(key)
+            .ok()
+            .and_then(|v| v.as_string().and_then(|s| s.to_string().ok()))
+    };
+    let name = text("name").unwrap_or_else(|| "Error".to_string());
+    let message = text("message").unwrap_or_default();
+    let stack = text("stack").map(|stack| fix_stack(&stack));
+    let (line, column) = stack
+        .as_deref()
+        .and_then(first_script_location)
+        .map_or((None, None), |(line, column)| (Some(line), Some(column)));
+    ScriptError {
+        name,
+        message,
+        stack,
+        line,
+        column,
+    }
+}
+
+/// Drops the wrapper's own frame and rewrites `script.js:1:N` locations so columns on the
+/// first line do not count the wrapper.
+fn fix_stack(stack: &str) -> String {
+    let stack: String = stack
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("at <eval>"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let marker = format!("{SCRIPT_FILE_NAME}:1:");
+    let mut out = String::with_capacity(stack.len());
+    let mut rest = stack.as_str();
+    while let Some(at) = rest.find(&marker) {
+        let (before, after) = rest.split_at(at + marker.len());
+        out.push_str(before);
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        match after[..digits].parse::<usize>() {
+            Ok(column) if column > SCRIPT_PREFIX.len() => {
+                out.push_str(&(column - SCRIPT_PREFIX.len()).to_string());
+            }
+            Ok(_) => out.push('1'),
+            Err(_) => {}
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first `script.js:LINE:COLUMN` in a stack trace.
+fn first_script_location(stack: &str) -> Option<(u32, u32)> {
+    let marker = format!("{SCRIPT_FILE_NAME}:");
+    let at = stack.find(&marker)?;
+    let rest = &stack[at + marker.len()..];
+    let mut parts = rest.splitn(3, |c: char| !c.is_ascii_digit());
+    let line = parts.next()?.parse().ok()?;
+    let column = parts.next()?.parse().ok()?;
+    Some((line, column))
+}
+
+/// A readable description of an exception, for errors during set-up.
+pub(crate) fn describe_exception(ctx: &Ctx<'_>, error: quickjs::Error) -> String {
+    let error = script_error(ctx, error);
+    format!("{}: {}", error.name, error.message)
+}

@@ -1,0 +1,202 @@
+//! corral's guest: QuickJS (through javy) as a WebAssembly component that runs model-written
+//! JavaScript and reaches the outside only through the `corral:sandbox/host` interface.
+//!
+//! The component implements the `sandbox` world in `wit/sandbox.wit`:
+//!
+//! - `wizer-initialize` (a core export used while building, see `host/guest-build`) creates the
+//!   QuickJS runtime and evaluates the prelude, so the snapshot taken afterwards starts every
+//!   session with a warm engine;
+//! - `session.init` binds the capabilities under `tools` and the frozen `user`;
+//! - `session.run` evaluates one script as the body of an async function and drives its promise,
+//!   asking the host for call completions whenever the script is waiting on calls.
+//!
+//! All conversions between JavaScript values and WIT values live in [`boundary`].
+
+mod boundary;
+
+use std::cell::{OnceCell, RefCell};
+
+use javy::quickjs::{Function, Persistent, Value};
+use javy::{Config, Runtime};
+
+wit_bindgen::generate!({
+    world: "sandbox",
+    path: "../wit",
+});
+
+use corral::sandbox::host;
+use exports::corral::sandbox::session::{Guest, ScriptError, SessionConfig};
+
+/// The QuickJS garbage-collection threshold. javy defaults to `usize::MAX` (never collect);
+/// 2 MiB keeps small scripts free of collections while memory bombs are collected long before
+/// the host's memory cap.
+const GC_THRESHOLD_BYTES: usize = 2 << 20;
+
+/// QuickJS's own allocation limit. The host's linear-memory cap is the authoritative limit
+/// because it is enforced outside the realm (a script cannot catch it); QuickJS's limit is set
+/// explicitly to the whole 32-bit address space so that it never fires first with a catchable
+/// `InternalError`.
+const QUICKJS_MEMORY_LIMIT_BYTES: usize = u32::MAX as usize;
+
+/// Name of the script in stack traces; the host relies on it to find the user's frames.
+const SCRIPT_FILE_NAME: &str = "script.js";
+
+// The QuickJS runtime, created once (at build time under Wizer). Wasm is single-threaded, so
+// thread locals are the whole program state. The runtime is only ever borrowed shared: native
+// functions called from JavaScript touch `SessionState` alone, never the runtime, so
+// re-entering the guest from a script cannot alias a mutable borrow.
+thread_local! {
+    static RUNTIME: OnceCell<Runtime> = const { OnceCell::new() };
+    static SESSION: RefCell<SessionState> = RefCell::new(SessionState::default());
+}
+
+/// Per-session state that native functions read and write.
+#[derive(Default)]
+struct SessionState {
+    /// The prelude's `setup(bindings, user)` function, consumed by `session.init`.
+    setup: Option<Persistent<Function<'static>>>,
+    initialized: bool,
+    /// Ids of the bound capabilities, by binding index (for error objects).
+    binding_ids: Vec<String>,
+    /// Calls started and not completed yet.
+    pending: Vec<PendingCall>,
+    next_call_id: u32,
+    /// State of the `Math.random` generator (xorshift64*), seeded by the host.
+    random_state: u64,
+}
+
+struct PendingCall {
+    call_id: u32,
+    binding: u32,
+    resolve: Persistent<Function<'static>>,
+    reject: Persistent<Function<'static>>,
+}
+
+/// Creates the runtime and evaluates the prelude. Runs at build time under Wizer; also runs
+/// lazily on first use when a host loads a guest that was not pre-initialized.
+fn create_runtime() -> Runtime {
+    let mut config = Config::default();
+    config
+        .gc_threshold(GC_THRESHOLD_BYTES)
+        .memory_limit(QUICKJS_MEMORY_LIMIT_BYTES);
+    let runtime = match Runtime::new(config) {
+        Ok(runtime) => runtime,
+        Err(error) => panic!("creating the QuickJS runtime failed: {error}"),
+    };
+    let setup = runtime.context().with(|ctx| -> Result<_, String> {
+        boundary::install_random(&ctx).map_err(|e| e.to_string())?;
+        let prelude: Function = ctx
+            .eval_with_options(
+                include_str!("prelude.js"),
+                boundary::eval_options("prelude.js"),
+            )
+            .map_err(|e| boundary::describe_exception(&ctx, e))?;
+        let call = boundary::call_native(&ctx).map_err(|e| e.to_string())?;
+        let log = boundary::log_native(&ctx).map_err(|e| e.to_string())?;
+        let setup: Function = prelude
+            .call((call, log))
+            .map_err(|e| boundary::describe_exception(&ctx, e))?;
+        Ok(Persistent::save(&ctx, setup))
+    });
+    match setup {
+        Ok(setup) => with_session(|session| session.setup = Some(setup)),
+        Err(error) => panic!("evaluating the prelude failed: {error}"),
+    }
+    runtime
+}
+
+fn with_runtime<R>(f: impl FnOnce(&Runtime) -> R) -> R {
+    RUNTIME.with(|cell| f(cell.get_or_init(create_runtime)))
+}
+
+fn with_session<R>(f: impl FnOnce(&mut SessionState) -> R) -> R {
+    SESSION.with(|cell| f(&mut cell.borrow_mut()))
+}
+
+/// Wizer's entry point: build the runtime now so it is part of the snapshot.
+#[unsafe(export_name = "wizer-initialize")]
+pub extern "C" fn wizer_initialize() {
+    with_runtime(|_| ());
+}
+
+struct Component;
+
+impl Guest for Component {
+    fn init(config: SessionConfig) -> Result<(), String> {
+        with_runtime(|runtime| {
+            let setup = with_session(|session| {
+                if session.initialized {
+                    return None;
+                }
+                session.initialized = true;
+                // xorshift64* must not start at zero.
+                session.random_state = config.random_seed | 1;
+                session.binding_ids = config.bindings.iter().map(|b| b.id.clone()).collect();
+                session.setup.take()
+            });
+            let Some(setup) = setup else {
+                return Err("session.init was already called for this instance".to_string());
+            };
+            runtime.context().with(|ctx| {
+                let setup = setup.restore(&ctx).map_err(|e| e.to_string())?;
+                let bindings = boundary::bindings_to_js(&ctx, &config.bindings)
+                    .map_err(|e| boundary::describe_exception(&ctx, e))?;
+                let user = boundary::user_to_js(&ctx, config.user.as_ref())
+                    .map_err(|e| boundary::describe_exception(&ctx, e))?;
+                setup
+                    .call::<_, ()>((bindings, user))
+                    .map_err(|e| boundary::describe_exception(&ctx, e))
+            })
+        })
+    }
+
+    fn run(source: String) -> Result<Option<String>, ScriptError> {
+        if !with_session(|session| session.initialized) {
+            return Err(boundary::plain_error(
+                "Error",
+                "session.run was called before session.init",
+            ));
+        }
+        let promise = with_runtime(|runtime| {
+            runtime.context().with(|ctx| {
+                let wrapped = boundary::wrap_script(&source);
+                ctx.eval_with_options::<Value, _>(wrapped, boundary::eval_options(SCRIPT_FILE_NAME))
+                    .map(|value| Persistent::save(&ctx, value))
+                    .map_err(|e| boundary::script_error(&ctx, e))
+            })
+        })?;
+        drive(promise)
+    }
+}
+
+/// Runs jobs and delivers completions until the script's promise settles.
+fn drive(promise: Persistent<Value<'static>>) -> Result<Option<String>, ScriptError> {
+    loop {
+        let jobs = with_runtime(|runtime| runtime.resolve_pending_jobs());
+        if let Err(error) = jobs {
+            return Err(boundary::plain_error("InternalError", &error.to_string()));
+        }
+        let settled = with_runtime(|runtime| {
+            runtime
+                .context()
+                .with(|ctx| boundary::settled_result(&ctx, promise.clone()))
+        });
+        if let Some(result) = settled {
+            return result;
+        }
+        if with_session(|session| session.pending.is_empty()) {
+            return Err(boundary::plain_error(
+                "Error",
+                "the script is waiting on a promise that can never settle: no capability call is pending",
+            ));
+        }
+        let completions = host::wait_completions();
+        with_runtime(|runtime| {
+            runtime
+                .context()
+                .with(|ctx| boundary::deliver(&ctx, completions))
+        });
+    }
+}
+
+export!(Component);

@@ -1,0 +1,135 @@
+// The realm's prelude, evaluated once while the guest is pre-initialized (before any user code
+// exists). It returns a setup function that captures the intrinsics it needs, so scripts that
+// later replace `Object.freeze`, `JSON.stringify` or a prototype method cannot change how
+// `tools`, `user`, `console` and `log` behave.
+(function (callNative, logNative) {
+  "use strict";
+  const { freeze, defineProperty, getPrototypeOf, create, keys } = Object;
+  const isArray = Array.isArray;
+  const stringify = JSON.stringify;
+  const toStr = String;
+  const PromiseReject = Promise.reject.bind(Promise);
+  const ObjectProto = Object.prototype;
+  const ErrorCtor = Error;
+  const TypeErrorCtor = TypeError;
+  const LEVELS = freeze({ debug: 0, info: 1, warn: 2, error: 3 });
+
+  function describe(value) {
+    if (typeof value === "string") return value;
+    if (value instanceof ErrorCtor) {
+      const stack = value.stack;
+      const head = `${value.name}: ${value.message}`;
+      return typeof stack === "string" && stack.length > 0 ? `${head}\n${stack}` : head;
+    }
+    if (typeof value === "function") return `[Function ${value.name || "anonymous"}]`;
+    if (value === undefined || typeof value === "symbol" || typeof value === "bigint") {
+      return toStr(value);
+    }
+    try {
+      const text = stringify(value);
+      return text === undefined ? toStr(value) : text;
+    } catch (_) {
+      return toStr(value);
+    }
+  }
+
+  function emit(level, args) {
+    let message = "";
+    for (let i = 0; i < args.length; i++) {
+      if (i > 0) message += " ";
+      message += describe(args[i]);
+    }
+    logNative(LEVELS[level], message, undefined);
+  }
+
+  const console = freeze({
+    log: freeze(function log(...args) { emit("info", args); }),
+    info: freeze(function info(...args) { emit("info", args); }),
+    debug: freeze(function debug(...args) { emit("debug", args); }),
+    warn: freeze(function warn(...args) { emit("warn", args); }),
+    error: freeze(function error(...args) { emit("error", args); }),
+  });
+
+  // log(level, message, fields): a structured record; fields must be a plain JSON object.
+  const log = freeze(function log(level, message, fields) {
+    if (typeof level !== "string" || !(level in LEVELS)) {
+      throw new TypeErrorCtor('log(level, message, fields): level must be "debug", "info", "warn" or "error"');
+    }
+    let fieldsJson = undefined;
+    if (fields !== undefined && fields !== null) {
+      if (typeof fields !== "object" || isArray(fields)) {
+        throw new TypeErrorCtor("log(level, message, fields): fields must be an object");
+      }
+      fieldsJson = stringify(fields);
+    }
+    logNative(LEVELS[level], describe(message), fieldsJson);
+  });
+
+  function isPlainObject(value) {
+    if (value === null || typeof value !== "object" || isArray(value)) return false;
+    const proto = getPrototypeOf(value);
+    return proto === null || proto === ObjectProto;
+  }
+
+  function bindCapability(index, id) {
+    const fn = function (input) {
+      if (arguments.length > 1) {
+        return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${arguments.length}`));
+      }
+      if (arguments.length === 0 || input === undefined) input = {};
+      if (!isPlainObject(input)) {
+        return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${describe(input)}`));
+      }
+      try {
+        return callNative(index, input);
+      } catch (error) {
+        return PromiseReject(error);
+      }
+    };
+    defineProperty(fn, "name", { value: id });
+    return freeze(fn);
+  }
+
+  function deepFreeze(value) {
+    if (value !== null && typeof value === "object") {
+      for (const key of keys(value)) deepFreeze(value[key]);
+      freeze(value);
+    }
+    return value;
+  }
+
+  function define(name, value) {
+    defineProperty(globalThis, name, { value, writable: false, enumerable: false, configurable: false });
+  }
+
+  // Called once per session with the bindings ([[id, [parts...]], ...]) and the user (or null).
+  return function setup(bindings, user) {
+    const tools = create(null);
+    for (let index = 0; index < bindings.length; index++) {
+      const [id, path] = bindings[index];
+      const fn = bindCapability(index, id);
+      let node = tools;
+      for (let i = 0; i < path.length - 1; i++) {
+        const part = path[i];
+        if (node[part] === undefined) node[part] = create(null);
+        else if (typeof node[part] !== "object") {
+          throw new ErrorCtor(`capability ${id}: js path collides with another capability at ${part}`);
+        }
+        node = node[part];
+      }
+      const last = path[path.length - 1];
+      if (node[last] !== undefined) {
+        throw new ErrorCtor(`capability ${id}: js path collides with another capability`);
+      }
+      node[last] = fn;
+      if (tools[id] === undefined) tools[id] = fn;
+      else if (tools[id] !== fn) {
+        throw new ErrorCtor(`capability ${id}: canonical id collides with a js path`);
+      }
+    }
+    define("tools", deepFreeze(tools));
+    define("user", user === null ? null : deepFreeze(user));
+    define("console", console);
+    define("log", log);
+  };
+})

@@ -1,0 +1,28 @@
+# Shared helpers for corral's scripts. Sourced, not run.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# Runs a command as root: directly when we are root, through sudo when it works without a
+# password, otherwise fails with the command the user should run.
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@";
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo "$@";
+  else die "this needs root: $*  (run it yourself, then rerun this script)"; fi
+}
+
+# Installs Debian packages that are missing (by package name).
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
+  say "installing Debian packages: ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
