@@ -1,0 +1,71 @@
+//! `corral`: the command-line front of corral.
+//!
+//! - `corral exec SCRIPT.js`: run one script in the sandbox and print a JSON report.
+//! - `corral catalog typescript|prompt|check FILE.json`: inspect a capability catalog.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod catalog_cmd;
+mod exec;
+mod webhook;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "corral",
+    version,
+    about = "Hosted chat agents that act by writing code"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a script in the sandbox and print {"ok", "value"|"error", "logs", "stats"} as JSON.
+    Exec(exec::ExecArgs),
+    /// Render or check a capability catalog.
+    Catalog {
+        #[command(subcommand)]
+        action: CatalogCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CatalogCommand {
+    /// Print the TypeScript declarations the model sees.
+    Typescript(CatalogFile),
+    /// Print the `run_js` prompt text (and its approximate size in tokens on stderr).
+    Prompt(CatalogFile),
+    /// Validate a catalog; exit 1 with the errors if it is invalid.
+    Check(CatalogFile),
+}
+
+#[derive(Debug, clap::Args)]
+struct CatalogFile {
+    /// A corral catalog ({"capabilities": [...]}) or an MCP tools/list result ({"tools": [...]}).
+    file: PathBuf,
+    /// Id prefix for the tools of an MCP tools/list result.
+    #[arg(long)]
+    namespace: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Exec(args) => exec::run(args),
+        Command::Catalog { action } => {
+            let (action, file) = match action {
+                CatalogCommand::Typescript(f) => (catalog_cmd::CatalogAction::Typescript, f),
+                CatalogCommand::Prompt(f) => (catalog_cmd::CatalogAction::Prompt, f),
+                CatalogCommand::Check(f) => (catalog_cmd::CatalogAction::Check, f),
+            };
+            catalog_cmd::run(action, &file.file, file.namespace.as_deref())
+        }
+    }
+}

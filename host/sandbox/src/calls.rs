@@ -1,0 +1,233 @@
+//! The host's table of a script's capability calls: started calls are validated, queued behind
+//! the concurrency bound, run as tokio tasks, redacted, and handed back as completions.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use corral_catalog::{Catalog, Redactor};
+use futures::FutureExt as _;
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+use crate::backend::{Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult};
+use crate::bindings::corral::sandbox::types::{CallError, CallValue, Completion};
+
+/// Everything a call needs besides its own input; shared by all calls of a session.
+pub(crate) struct CallEnvironment {
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) redactor: Arc<Redactor>,
+    pub(crate) context: Arc<InvocationContext>,
+}
+
+struct QueuedCall {
+    call_id: u32,
+    binding: usize,
+    invocation: Invocation,
+}
+
+struct FinishedCall {
+    call_id: u32,
+    binding: usize,
+    tool_call_id: String,
+    result: Result<ToolResult, InvokeCapabilityError>,
+}
+
+/// Calls of the script that is running now.
+pub(crate) struct CallTable {
+    running: JoinSet<FinishedCall>,
+    queued: VecDeque<QueuedCall>,
+    /// Completions ready to hand to the guest (validation failures, finished calls).
+    ready: Vec<Completion>,
+    /// Calls started by the current script.
+    pub(crate) started: u32,
+    /// Most calls that were in flight at once during the current script.
+    pub(crate) peak_in_flight: u32,
+    max_concurrent: usize,
+}
+
+impl CallTable {
+    pub(crate) fn new(max_concurrent: u32) -> Self {
+        CallTable {
+            running: JoinSet::new(),
+            queued: VecDeque::new(),
+            ready: Vec::new(),
+            started: 0,
+            peak_in_flight: 0,
+            max_concurrent: max_concurrent.max(1) as usize,
+        }
+    }
+
+    /// Forgets the previous script's calls; any still running are cancelled. Calls a script
+    /// started but did not await do not outlive it.
+    pub(crate) fn reset(&mut self) {
+        self.running.abort_all();
+        self.running = JoinSet::new();
+        self.queued.clear();
+        self.ready.clear();
+        self.started = 0;
+        self.peak_in_flight = 0;
+    }
+
+    /// Whether anything is still owed to the guest.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.queued.is_empty() && self.ready.is_empty()
+    }
+
+    /// Registers a call the guest started. Input that fails the capability's schema completes
+    /// at once as a `ValidationError`; the backend never sees it.
+    pub(crate) fn start(
+        &mut self,
+        env: &CallEnvironment,
+        call_id: u32,
+        binding: usize,
+        args_json: &str,
+        tool_call_id: String,
+    ) {
+        let Some(capability) = env.catalog.capabilities().get(binding) else {
+            self.ready.push(rejection(
+                call_id,
+                "CapabilityError",
+                format!("no capability is bound at index {binding}"),
+                tool_call_id,
+            ));
+            return;
+        };
+        let input: Value = match serde_json::from_str(args_json) {
+            Ok(Value::Array(items)) if items.len() == 1 => Value::Array(items),
+            _ => {
+                self.ready.push(rejection(
+                    call_id,
+                    "ValidationError",
+                    format!("{} takes one object argument", capability.id),
+                    tool_call_id,
+                ));
+                return;
+            }
+        };
+        if let Err(error) = env.catalog.validate_input(binding, &input[0]) {
+            self.ready.push(rejection(
+                call_id,
+                "ValidationError",
+                env.redactor.redact_text(&error.to_string()).into_owned(),
+                tool_call_id,
+            ));
+            return;
+        }
+        self.queued.push_back(QueuedCall {
+            call_id,
+            binding,
+            invocation: Invocation {
+                capability_id: capability.id.clone(),
+                tool_call_id,
+                input,
+            },
+        });
+        self.pump(env);
+    }
+
+    /// Starts queued calls while fewer than the bound are in flight.
+    fn pump(&mut self, env: &CallEnvironment) {
+        while self.running.len() < self.max_concurrent {
+            let Some(call) = self.queued.pop_front() else {
+                break;
+            };
+            let backend = Arc::clone(&env.backend);
+            let context = Arc::clone(&env.context);
+            self.running.spawn(async move {
+                let tool_call_id = call.invocation.tool_call_id.clone();
+                let capability_id = call.invocation.capability_id.clone();
+                // A backend that panics fails its call instead of leaving the script waiting.
+                let result = AssertUnwindSafe(backend.invoke(&context, call.invocation))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(InvokeCapabilityError::Failed {
+                            capability_id,
+                            message: "the backend panicked".into(),
+                        })
+                    });
+                FinishedCall {
+                    call_id: call.call_id,
+                    binding: call.binding,
+                    tool_call_id,
+                    result,
+                }
+            });
+            self.peak_in_flight = self.peak_in_flight.max(self.running.len() as u32);
+        }
+    }
+
+    /// Waits until at least one completion is ready and returns all that are. `None` means
+    /// nothing is owed (the guest waited without a pending call).
+    pub(crate) async fn next_completions(
+        &mut self,
+        env: &CallEnvironment,
+    ) -> Option<Vec<Completion>> {
+        if self.ready.is_empty() {
+            let finished = self.running.join_next().await?;
+            self.finish(env, finished);
+        }
+        while let Some(finished) = self.running.try_join_next() {
+            self.finish(env, finished);
+        }
+        Some(std::mem::take(&mut self.ready))
+    }
+
+    fn finish(
+        &mut self,
+        env: &CallEnvironment,
+        finished: Result<FinishedCall, tokio::task::JoinError>,
+    ) {
+        // Tasks catch their own panics, so the only join error is cancellation by `reset`,
+        // after which nobody waits for the call.
+        let Ok(call) = finished else {
+            return;
+        };
+        let completion = completion(env, call);
+        self.ready.push(completion);
+        self.pump(env);
+    }
+}
+
+fn rejection(call_id: u32, name: &str, message: String, tool_call_id: String) -> Completion {
+    Completion {
+        call_id,
+        outcome: Err(CallError {
+            name: name.to_string(),
+            message,
+            tool_call_id,
+        }),
+    }
+}
+
+/// Redacts a finished call and shapes it for the guest: text capabilities yield strings,
+/// others JSON.
+fn completion(env: &CallEnvironment, call: FinishedCall) -> Completion {
+    let text_output = env
+        .catalog
+        .capabilities()
+        .get(call.binding)
+        .is_some_and(|c| c.text_output);
+    let outcome = match call.result {
+        Ok(result) => {
+            let mut output = result.output;
+            env.redactor.redact_json(&mut output);
+            Ok(match (text_output, output) {
+                (true, Value::String(text)) => CallValue::Text(text),
+                (true, other) => CallValue::Text(other.to_string()),
+                (false, other) => CallValue::Json(other.to_string()),
+            })
+        }
+        Err(error) => Err(CallError {
+            name: "CapabilityError".into(),
+            message: env.redactor.redact_text(&error.to_string()).into_owned(),
+            tool_call_id: call.tool_call_id.clone(),
+        }),
+    };
+    Completion {
+        call_id: call.call_id,
+        outcome,
+    }
+}

@@ -1,0 +1,306 @@
+//! The [`Sandbox`]: one wasmtime engine, the guest compiled once (and cached on disk), and an
+//! `InstancePre` from which every session is instantiated.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+
+use crate::bindings::SandboxPre;
+use crate::limits::DeadlineTicker;
+use crate::session::SessionData;
+
+/// The guest component built from `guest/` (see `host/sandbox/build.rs`).
+const EMBEDDED_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corral-guest.wasm"));
+/// Digest of [`EMBEDDED_GUEST`], computed at build time.
+const EMBEDDED_GUEST_DIGEST: &str = env!("CORRAL_GUEST_DIGEST");
+
+/// Core wasm instances and memories one session's component needs (the guest, the WASI
+/// adapter and the small shim modules `wit-component` generates), with headroom.
+const CORE_INSTANCES_PER_SESSION: u32 = 12;
+const MEMORIES_PER_SESSION: u32 = 2;
+const TABLES_PER_SESSION: u32 = 4;
+
+/// How the sandbox's engine is built. Changing any of these changes the compiled code, so they
+/// are per [`Sandbox`], not per session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// Meter guest work with fuel (deterministic; enables [`crate::SessionLimits::fuel`]).
+    pub fuel: bool,
+    /// Interrupt guest code at its deadline with epochs (enables the wall-clock deadline while
+    /// the guest computes; waiting on calls is always bounded by the deadline).
+    pub epochs: bool,
+    /// Sessions that may be alive at once (slots in the pooling allocator).
+    pub max_sessions: u32,
+    /// Largest linear memory any session may be given, in bytes; per-session caps are
+    /// [`crate::SessionLimits::memory_bytes`], up to this.
+    pub max_memory_bytes: u64,
+    /// The wasm stack available to a script. QuickJS recurses on the native stack for every
+    /// JavaScript call, so this bounds JavaScript recursion depth; exhausting it stops the script
+    /// with the `stack` limit.
+    pub max_stack_bytes: usize,
+    /// Where compiled guest code is cached. `None` compiles in memory on every start (about two
+    /// seconds). Defaults to `$CORRAL_CACHE_DIR`, else `$XDG_CACHE_HOME/corral`, else
+    /// `$HOME/.cache/corral`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            fuel: true,
+            epochs: true,
+            max_sessions: 1_000,
+            max_memory_bytes: 1 << 30,
+            max_stack_bytes: 2 << 20,
+            cache_dir: default_cache_dir(),
+        }
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("CORRAL_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("corral"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/corral"))
+}
+
+/// Why a [`Sandbox`] could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadGuestError {
+    /// The engine configuration was rejected (for example, a pool too large for this host).
+    #[error("configuring the wasmtime engine failed: {0}")]
+    Engine(#[source] wasmtime::Error),
+    /// The guest is not a valid component, or does not implement the `sandbox` world.
+    #[error("the guest component is invalid: {0}")]
+    InvalidGuest(#[source] wasmtime::Error),
+    /// The epoch thread could not be started.
+    #[error("starting the deadline thread failed: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// A loaded guest, ready to create [`crate::ExecutorSession`]s cheaply. Create one per process
+/// and share it (it is `Clone` and cheap to clone).
+#[derive(Clone)]
+pub struct Sandbox {
+    pub(crate) inner: Arc<SandboxInner>,
+}
+
+pub(crate) struct SandboxInner {
+    pub(crate) engine: Engine,
+    pub(crate) pre: SandboxPre<SessionData>,
+    pub(crate) config: SandboxConfig,
+    pub(crate) ticker: DeadlineTicker,
+    /// Where the compiled guest came from, for diagnostics.
+    pub(crate) compiled_from: CompiledFrom,
+}
+
+/// How the compiled guest was obtained when the sandbox started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompiledFrom {
+    /// Loaded from the on-disk cache (fast start).
+    Cache,
+    /// Compiled now, and written to the cache.
+    CompiledAndCached,
+    /// Compiled now; no cache was configured or it could not be written.
+    Compiled,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("config", &self.inner.config)
+            .field("compiled_from", &self.inner.compiled_from)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Loads the guest embedded in this crate.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, LoadGuestError> {
+        Self::load(config, EMBEDDED_GUEST, EMBEDDED_GUEST_DIGEST)
+    }
+
+    /// Loads another build of the guest component (it must implement the same world).
+    pub fn with_guest(config: SandboxConfig, guest: &[u8]) -> Result<Sandbox, LoadGuestError> {
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hasher::write(&mut hasher, guest);
+        let digest = format!(
+            "{:016x}{:08x}",
+            std::hash::Hasher::finish(&hasher),
+            guest.len()
+        );
+        Self::load(config, guest, &digest)
+    }
+
+    fn load(config: SandboxConfig, guest: &[u8], digest: &str) -> Result<Sandbox, LoadGuestError> {
+        let engine = Engine::new(&engine_config(&config)).map_err(LoadGuestError::Engine)?;
+        let (component, compiled_from) = compile_cached(&engine, &config, guest, digest)?;
+        let mut linker = Linker::<SessionData>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(LoadGuestError::InvalidGuest)?;
+        crate::bindings::Sandbox::add_to_linker::<_, HasSelf<SessionData>>(&mut linker, |data| {
+            data
+        })
+        .map_err(LoadGuestError::InvalidGuest)?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .and_then(SandboxPre::new)
+            .map_err(LoadGuestError::InvalidGuest)?;
+        let ticker = DeadlineTicker::start(engine.clone()).map_err(LoadGuestError::Thread)?;
+        Ok(Sandbox {
+            inner: Arc::new(SandboxInner {
+                engine,
+                pre,
+                config,
+                ticker,
+                compiled_from,
+            }),
+        })
+    }
+
+    /// The configuration the sandbox was built with.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.config
+    }
+
+    /// Whether the compiled guest came from the on-disk cache.
+    pub fn compiled_from(&self) -> CompiledFrom {
+        self.inner.compiled_from
+    }
+}
+
+fn engine_config(config: &SandboxConfig) -> Config {
+    let mut engine = Config::new();
+    engine
+        .consume_fuel(config.fuel)
+        .epoch_interruption(config.epochs)
+        .max_wasm_stack(config.max_stack_bytes)
+        // Host functions and the fiber's own frames need room beyond the wasm stack limit.
+        .async_stack_size(config.max_stack_bytes + (1 << 20))
+        .cranelift_opt_level(OptLevel::Speed)
+        .memory_init_cow(true);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(config.max_sessions)
+        .total_core_instances(
+            config
+                .max_sessions
+                .saturating_mul(CORE_INSTANCES_PER_SESSION),
+        )
+        .total_memories(config.max_sessions.saturating_mul(MEMORIES_PER_SESSION))
+        .total_tables(config.max_sessions.saturating_mul(TABLES_PER_SESSION))
+        .total_stacks(config.max_sessions)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_SESSION)
+        .max_memories_per_component(MEMORIES_PER_SESSION)
+        .max_tables_per_component(TABLES_PER_SESSION)
+        .max_memory_size(usize::try_from(config.max_memory_bytes).unwrap_or(usize::MAX));
+    engine.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    engine
+}
+
+/// Compiles the guest, or loads code compiled earlier by an engine with the same settings.
+fn compile_cached(
+    engine: &Engine,
+    config: &SandboxConfig,
+    guest: &[u8],
+    digest: &str,
+) -> Result<(Component, CompiledFrom), LoadGuestError> {
+    let Some(dir) = &config.cache_dir else {
+        let component = Component::new(engine, guest).map_err(LoadGuestError::InvalidGuest)?;
+        return Ok((component, CompiledFrom::Compiled));
+    };
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
+    let engine_digest = std::hash::Hasher::finish(&hasher);
+    let path = dir.join(format!("guest-{digest}-{engine_digest:016x}.cwasm"));
+    if private_dir(dir).is_ok()
+        && let Some(component) = load_cached(engine, &path)
+    {
+        return Ok((component, CompiledFrom::Cache));
+    }
+    let component = Component::new(engine, guest).map_err(LoadGuestError::InvalidGuest)?;
+    let cached = component
+        .serialize()
+        .ok()
+        .is_some_and(|bytes| store_cached(dir, &path, &bytes).is_ok());
+    let from = if cached {
+        CompiledFrom::CompiledAndCached
+    } else {
+        CompiledFrom::Compiled
+    };
+    Ok((component, from))
+}
+
+#[allow(unsafe_code)]
+fn load_cached(engine: &Engine, path: &Path) -> Option<Component> {
+    if !path.is_file() {
+        return None;
+    }
+    // SAFETY: `deserialize_file` trusts the file to be code compiled by wasmtime. The file is
+    // only ever written by `store_cached` below, into a folder created with owner-only
+    // permissions, under a name that includes the engine's compatibility hash; wasmtime also
+    // checks the header and its version. A folder writable by someone else would let them run
+    // native code in this process, as would write access to the `corral` binary itself.
+    unsafe { Component::deserialize_file(engine, path) }.ok()
+}
+
+fn store_cached(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if !dir.is_dir() {
+        create_private_dir(dir)?;
+    }
+    private_dir(dir)?;
+    // Write then rename, so a concurrent reader never maps a half-written file.
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), path_name(path)));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn path_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Compiled code is native code: only a folder nobody else can write to is trusted.
+#[cfg(unix)]
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is writable by others; compiled code is not cached there",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+}
+
+#[cfg(not(unix))]
+fn private_dir(_dir: &Path) -> std::io::Result<()> {
+    Ok(())
+}

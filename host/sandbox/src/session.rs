@@ -1,0 +1,667 @@
+//! [`ExecutorSession`]: one guest instance that runs a sequence of scripts, and the host
+//! functions it calls.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use corral_catalog::{Catalog, Redactor};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::backend::{Backend, InvocationContext};
+use crate::bindings::corral::sandbox::types::{Binding, Completion, LogLevel, SessionConfig, User};
+use crate::calls::{CallEnvironment, CallTable};
+use crate::engine::Sandbox;
+use crate::grants::Grants;
+use crate::limits::{Limit, LimitTrap, MemoryLimiter, SessionLimits};
+
+/// Everything a session is created with.
+pub struct SessionOptions {
+    /// The capabilities to bind: the authorized subset of the catalog, for binding and display.
+    /// The backend still authorizes every call.
+    pub catalog: Arc<Catalog>,
+    /// Runs the calls.
+    pub backend: Arc<dyn Backend>,
+    /// Applied to every backend result and error before the script sees it.
+    pub redactor: Arc<Redactor>,
+    /// Attribution handed to the backend with every call.
+    pub context: InvocationContext,
+    /// The end user shown to scripts as the frozen global `user` (display only), or `None` for
+    /// `user === null`.
+    pub user: Option<ScriptUser>,
+    /// Per-script limits.
+    pub limits: SessionLimits,
+    /// What ambient authority reaches the guest (by default: none).
+    pub grants: Grants,
+}
+
+impl std::fmt::Debug for SessionOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionOptions")
+            .field("capabilities", &self.catalog.capabilities().len())
+            .field("context", &self.context)
+            .field("user", &self.user)
+            .field("limits", &self.limits)
+            .field("grants", &self.grants)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionOptions {
+    /// Options with default limits, no grants, no user and no redaction.
+    pub fn new(catalog: Arc<Catalog>, backend: Arc<dyn Backend>) -> Self {
+        SessionOptions {
+            catalog,
+            backend,
+            redactor: Arc::new(Redactor::default()),
+            context: InvocationContext::default(),
+            user: None,
+            limits: SessionLimits::default(),
+            grants: Grants::default(),
+        }
+    }
+}
+
+/// The user as scripts see it. Only these three fields ever enter the realm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScriptUser {
+    /// Stable user id.
+    pub id: String,
+    /// Email address, if known.
+    #[serde(default)]
+    pub email: Option<String>,
+    /// Name to show, if known.
+    #[serde(default)]
+    pub display_name: Option<String>,
+}
+
+/// A log record from `console.*` or `log(level, message, fields)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// The script that wrote it (`<session>:<n>`).
+    pub script_id: String,
+    /// `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    /// The formatted message.
+    pub message: String,
+    /// Structured fields given to `log(...)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fields: Option<Value>,
+}
+
+/// What one script cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunStats {
+    /// Fuel consumed by guest work (0 when the sandbox does not meter fuel).
+    pub fuel: u64,
+    /// Wall-clock time of the run, in microseconds.
+    pub wall_us: u64,
+    /// High-water mark of the session's linear memory, in bytes.
+    pub peak_memory_bytes: u64,
+    /// Capability calls the script started (including ones rejected by validation).
+    pub calls: u32,
+    /// Most calls in flight at once.
+    pub peak_concurrent_calls: u32,
+}
+
+/// The outcome of [`ExecutorSession::run`], with its logs and costs on every path.
+#[derive(Debug, Clone)]
+pub struct ScriptReport {
+    /// The script's return value (`None` for `undefined`), or why it failed.
+    pub outcome: Result<Option<Value>, ExecError>,
+    /// Log records in the order they were written.
+    pub logs: Vec<LogRecord>,
+    /// Costs.
+    pub stats: RunStats,
+}
+
+impl ScriptReport {
+    /// The report as `corral exec` prints it: on success
+    /// `{"ok": true, "value"?: ..., "logs": [...], "stats": {...}}` (no `value` for `undefined`);
+    /// on failure `{"ok": false, "error": {"kind", "message", ...details}, "logs", "stats"}`,
+    /// where details are `name`, `stack`, `line`, `column` for script errors and `limit`,
+    /// `calls_started` for limits.
+    pub fn to_json(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        out.insert("ok".into(), Value::Bool(self.outcome.is_ok()));
+        match &self.outcome {
+            Ok(Some(value)) => {
+                out.insert("value".into(), value.clone());
+            }
+            Ok(None) => {}
+            Err(error) => {
+                out.insert("error".into(), error.to_json());
+            }
+        }
+        out.insert(
+            "logs".into(),
+            serde_json::to_value(&self.logs).unwrap_or(Value::Null),
+        );
+        out.insert("stats".into(), self.stats.to_json());
+        Value::Object(out)
+    }
+}
+
+impl RunStats {
+    /// `{"fuel", "wall_us", "peak_memory_bytes", "calls"}`.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "fuel": self.fuel,
+            "wall_us": self.wall_us,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "calls": self.calls,
+        })
+    }
+}
+
+/// A JavaScript error that ended a script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptError {
+    /// The error's `name` (`TypeError`, `SyntaxError`, `ValidationError`, ...).
+    pub name: String,
+    /// The error's `message`.
+    pub message: String,
+    /// Stack trace; line numbers refer to the script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+    /// 1-based line in the script, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// 1-based column in the script, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
+}
+
+/// Why a script produced no value.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// The script threw or its promise rejected (the guest's doing, not a limit).
+    #[error("{}: {}", .0.name, .0.message)]
+    Script(ScriptError),
+    /// A limit stopped the script. The session is discarded.
+    #[error("{detail} (limit {}; {calls_started} calls had started)", .limit.kind())]
+    LimitExceeded {
+        /// Which limit.
+        limit: Limit,
+        /// How many capability calls the script had started when it was stopped (calls with side
+        /// effects may have happened).
+        calls_started: u32,
+        /// What exactly was exceeded.
+        detail: String,
+    },
+    /// The script was not run: it is too large or not valid text.
+    #[error("invalid script: {0}")]
+    InvalidScript(String),
+    /// An earlier script of this session hit a limit or trapped; sessions are never reused
+    /// after that.
+    #[error("the session was discarded after an earlier failure: {0}")]
+    SessionDiscarded(String),
+    /// The guest trapped for a reason other than a limit (a bug in the guest).
+    #[error("the guest trapped: {0}")]
+    GuestTrap(String),
+    /// The host failed (a bug in corral).
+    #[error("the host failed: {0}")]
+    Host(String),
+}
+
+impl ExecError {
+    /// The stable, machine-readable kind used by `corral exec` and the API: `script_error`,
+    /// `capability_error` and `invalid_input` for script errors (by the error's name), the
+    /// limit's kind for limits, `invalid_input` for rejected scripts, `internal_error` otherwise.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecError::Script(error) => match error.name.as_str() {
+                "ValidationError" => "invalid_input",
+                "CapabilityError" => "capability_error",
+                _ => "script_error",
+            },
+            ExecError::LimitExceeded { limit, .. } => limit.kind(),
+            ExecError::InvalidScript(_) => "invalid_input",
+            ExecError::SessionDiscarded(_) => "session_discarded",
+            ExecError::GuestTrap(_) | ExecError::Host(_) => "internal_error",
+        }
+    }
+
+    /// `{"kind", "message", ...}` with the details of script errors and limits.
+    pub fn to_json(&self) -> Value {
+        let mut error = serde_json::Map::new();
+        error.insert("kind".into(), Value::from(self.kind()));
+        match self {
+            ExecError::Script(script) => {
+                error.insert("message".into(), Value::from(script.message.clone()));
+                error.insert("name".into(), Value::from(script.name.clone()));
+                if let Some(stack) = &script.stack {
+                    error.insert("stack".into(), Value::from(stack.clone()));
+                }
+                if let Some(line) = script.line {
+                    error.insert("line".into(), Value::from(line));
+                }
+                if let Some(column) = script.column {
+                    error.insert("column".into(), Value::from(column));
+                }
+            }
+            ExecError::LimitExceeded {
+                limit,
+                calls_started,
+                detail,
+            } => {
+                error.insert("message".into(), Value::from(detail.clone()));
+                error.insert(
+                    "limit".into(),
+                    serde_json::to_value(limit).unwrap_or(Value::Null),
+                );
+                error.insert("calls_started".into(), Value::from(*calls_started));
+            }
+            other => {
+                error.insert("message".into(), Value::from(other.to_string()));
+            }
+        }
+        Value::Object(error)
+    }
+}
+
+/// Why a session could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateSessionError {
+    /// The options ask for more than the sandbox allows.
+    #[error("invalid session options: {0}")]
+    InvalidOptions(String),
+    /// Every session slot is in use ([`crate::SandboxConfig::max_sessions`]).
+    #[error("no session slot is free: {0}")]
+    Capacity(#[source] wasmtime::Error),
+    /// The guest refused the bindings (for example, two capabilities share a JS path).
+    #[error("binding the capabilities failed: {0}")]
+    Bind(String),
+    /// Instantiating or initializing the guest failed.
+    #[error("starting the guest failed: {0}")]
+    Guest(#[source] wasmtime::Error),
+}
+
+/// The store data of one session.
+pub(crate) struct SessionData {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    memory: MemoryLimiter,
+    calls: CallTable,
+    env: CallEnvironment,
+    limits: SessionLimits,
+    /// When the current script must be finished.
+    deadline: Instant,
+    script_id: String,
+    logs: Vec<LogRecord>,
+    log_bytes: u64,
+}
+
+impl WasiView for SessionData {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// A guest instance that runs scripts one after another; `globalThis` carries over between
+/// them. Create it with [`Sandbox::session`]; drop it or call [`ExecutorSession::close`] when
+/// done (any calls still running are cancelled).
+pub struct ExecutorSession {
+    store: Store<SessionData>,
+    guest: crate::bindings::Sandbox,
+    sandbox: Sandbox,
+    scripts_run: u32,
+    /// Set once a limit or trap ended a script; later runs are refused.
+    discarded: Option<String>,
+}
+
+impl std::fmt::Debug for ExecutorSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutorSession")
+            .field("id", &self.store.data().env.context.session_id)
+            .field("scripts_run", &self.scripts_run)
+            .field("discarded", &self.discarded)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Creates a session: a fresh guest instance with the capabilities bound.
+    pub async fn session(
+        &self,
+        options: SessionOptions,
+    ) -> Result<ExecutorSession, CreateSessionError> {
+        let config = &self.inner.config;
+        let limits = options.limits;
+        if limits.memory_bytes > config.max_memory_bytes {
+            return Err(CreateSessionError::InvalidOptions(format!(
+                "memory_bytes {} is above the sandbox's max_memory_bytes {}",
+                limits.memory_bytes, config.max_memory_bytes
+            )));
+        }
+        let bindings: Vec<Binding> = options
+            .catalog
+            .capabilities()
+            .iter()
+            .map(|c| Binding {
+                id: c.id.clone(),
+                js_path: c.js_path.clone(),
+            })
+            .collect();
+        let session_config = SessionConfig {
+            bindings,
+            user: options.user.map(|u| User {
+                id: u.id,
+                email: u.email,
+                display_name: u.display_name,
+            }),
+            random_seed: options.grants.random_seed(),
+        };
+        let data = SessionData {
+            wasi: options.grants.wasi_context(WasiCtxBuilder::new()),
+            table: ResourceTable::new(),
+            memory: MemoryLimiter {
+                limit_bytes: limits.memory_bytes,
+                peak_bytes: 0,
+            },
+            calls: CallTable::new(limits.max_concurrent_calls),
+            env: CallEnvironment {
+                catalog: options.catalog,
+                backend: options.backend,
+                redactor: options.redactor,
+                context: Arc::new(options.context),
+            },
+            deadline: Instant::now() + limits.timeout,
+            script_id: String::new(),
+            logs: Vec::new(),
+            log_bytes: 0,
+            limits,
+        };
+        let mut store = Store::new(&self.inner.engine, data);
+        store.limiter(|data| &mut data.memory);
+        if config.fuel {
+            store
+                .set_fuel(store.data().limits.fuel)
+                .map_err(CreateSessionError::Guest)?;
+        }
+        if config.epochs {
+            store.epoch_deadline_callback(|context| {
+                if Instant::now() >= context.data().deadline {
+                    Err(LimitTrap::error(
+                        Limit::Deadline,
+                        "the script ran past its deadline",
+                    ))
+                } else {
+                    Ok(UpdateDeadline::Yield(1))
+                }
+            });
+            store.set_epoch_deadline(1);
+        }
+        let guest = self
+            .inner
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| {
+                if e.to_string().contains("maximum concurrent") {
+                    CreateSessionError::Capacity(e)
+                } else {
+                    CreateSessionError::Guest(e)
+                }
+            })?;
+        guest
+            .corral_sandbox_session()
+            .call_init(&mut store, &session_config)
+            .await
+            .map_err(CreateSessionError::Guest)?
+            .map_err(CreateSessionError::Bind)?;
+        Ok(ExecutorSession {
+            store,
+            guest,
+            sandbox: self.clone(),
+            scripts_run: 0,
+            discarded: None,
+        })
+    }
+}
+
+impl ExecutorSession {
+    /// The session id given in [`SessionOptions::context`].
+    pub fn id(&self) -> &str {
+        &self.store.data().env.context.session_id
+    }
+
+    /// Whether an earlier script ended the session (limit or trap).
+    pub fn is_discarded(&self) -> bool {
+        self.discarded.is_some()
+    }
+
+    /// Runs one script, the body of an async function. Never panics and never leaves the
+    /// session half-run: every path returns a report with logs and costs.
+    pub async fn run(&mut self, source: &str) -> ScriptReport {
+        let started = Instant::now();
+        let script_id = format!("{}:{}", self.id(), self.scripts_run);
+        self.scripts_run += 1;
+        if let Some(reason) = &self.discarded {
+            return ScriptReport {
+                outcome: Err(ExecError::SessionDiscarded(reason.clone())),
+                logs: Vec::new(),
+                stats: RunStats::default(),
+            };
+        }
+        let config = &self.sandbox.inner.config;
+        let limits = self.store.data().limits.clone();
+        if source.len() as u64 > limits.max_script_bytes {
+            return ScriptReport {
+                outcome: Err(ExecError::InvalidScript(format!(
+                    "the script is {} bytes, over the {} byte limit",
+                    source.len(),
+                    limits.max_script_bytes
+                ))),
+                logs: Vec::new(),
+                stats: RunStats::default(),
+            };
+        }
+
+        let deadline = started + limits.timeout;
+        {
+            let data = self.store.data_mut();
+            data.calls.reset();
+            data.logs.clear();
+            data.log_bytes = 0;
+            data.script_id = script_id;
+            data.deadline = deadline;
+        }
+        let fuel_before = if config.fuel {
+            // Setting fuel cannot fail when fuel is enabled.
+            let _ = self.store.set_fuel(limits.fuel);
+            limits.fuel
+        } else {
+            0
+        };
+        let _deadline = config.epochs.then(|| {
+            self.store.set_epoch_deadline(1);
+            self.sandbox.inner.ticker.register(deadline)
+        });
+
+        let result = self
+            .guest
+            .corral_sandbox_session()
+            .call_run(&mut self.store, source)
+            .await;
+
+        let fuel = if config.fuel {
+            fuel_before.saturating_sub(self.store.get_fuel().unwrap_or(0))
+        } else {
+            0
+        };
+        let data = self.store.data_mut();
+        let calls_started = data.calls.started;
+        let stats = RunStats {
+            fuel,
+            wall_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            peak_memory_bytes: data.memory.peak_bytes,
+            calls: calls_started,
+            peak_concurrent_calls: data.calls.peak_in_flight,
+        };
+        data.calls.reset();
+        let logs = std::mem::take(&mut data.logs);
+
+        let outcome = match result {
+            Ok(Ok(None)) => Ok(None),
+            Ok(Ok(Some(json))) => {
+                if json.len() as u64 > limits.max_result_bytes {
+                    Err(ExecError::LimitExceeded {
+                        limit: Limit::ResultSize,
+                        calls_started,
+                        detail: format!(
+                            "the result is {} bytes of JSON, over the {} byte limit",
+                            json.len(),
+                            limits.max_result_bytes
+                        ),
+                    })
+                } else {
+                    serde_json::from_str(&json).map(Some).map_err(|e| {
+                        ExecError::GuestTrap(format!("the guest returned invalid JSON: {e}"))
+                    })
+                }
+            }
+            Ok(Err(error)) => Err(ExecError::Script(ScriptError {
+                name: error.name,
+                message: error.message,
+                stack: error.stack,
+                line: error.line,
+                column: error.column,
+            })),
+            Err(trap) => Err(classify_trap(&trap, calls_started)),
+        };
+        if let Err(error) = &outcome
+            && !matches!(error, ExecError::Script(_))
+        {
+            self.discarded = Some(error.to_string());
+        }
+        ScriptReport {
+            outcome,
+            logs,
+            stats,
+        }
+    }
+
+    /// Ends the session, cancelling calls still running. Dropping it does the same.
+    pub fn close(self) {}
+}
+
+/// Turns a trap into the limit that caused it, if any.
+fn classify_trap(error: &wasmtime::Error, calls_started: u32) -> ExecError {
+    let limit = |limit: Limit, detail: String| ExecError::LimitExceeded {
+        limit,
+        calls_started,
+        detail,
+    };
+    if let Some(trap) = error.chain().find_map(|e| e.downcast_ref::<LimitTrap>()) {
+        return limit(trap.limit, trap.detail.clone());
+    }
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::OutOfFuel) => limit(Limit::Fuel, "the script used up its fuel".into()),
+        Some(wasmtime::Trap::StackOverflow) => limit(
+            Limit::Stack,
+            "the script exhausted the stack (too deep recursion)".into(),
+        ),
+        Some(wasmtime::Trap::Interrupt) => {
+            limit(Limit::Deadline, "the script ran past its deadline".into())
+        }
+        Some(trap) => ExecError::GuestTrap(format!("{trap}: {error:#}")),
+        None => ExecError::Host(format!("{error:#}")),
+    }
+}
+
+fn level_name(level: LogLevel) -> &'static str {
+    match level {
+        LogLevel::Debug => "debug",
+        LogLevel::Info => "info",
+        LogLevel::Warn => "warn",
+        LogLevel::Error => "error",
+    }
+}
+
+impl crate::bindings::corral::sandbox::types::Host for SessionData {}
+
+impl crate::bindings::corral::sandbox::host::Host for SessionData {
+    fn start_call(
+        &mut self,
+        call_id: u32,
+        binding: u32,
+        args_json: String,
+    ) -> wasmtime::Result<()> {
+        if self.calls.started >= self.limits.max_total_calls {
+            return Err(LimitTrap::error(
+                Limit::TotalCalls,
+                format!(
+                    "the script tried to start call {} of at most {}",
+                    self.calls.started + 1,
+                    self.limits.max_total_calls
+                ),
+            ));
+        }
+        self.calls.started += 1;
+        let tool_call_id = format!("{}:{call_id}", self.script_id);
+        self.calls.start(
+            &self.env,
+            call_id,
+            binding as usize,
+            &args_json,
+            tool_call_id,
+        );
+        Ok(())
+    }
+
+    async fn wait_completions(&mut self) -> wasmtime::Result<Vec<Completion>> {
+        if self.calls.is_idle() {
+            return Err(wasmtime::Error::msg(
+                "the guest waited for completions with no call pending",
+            ));
+        }
+        let deadline = tokio::time::Instant::from_std(self.deadline);
+        match tokio::time::timeout_at(deadline, self.calls.next_completions(&self.env)).await {
+            Ok(Some(completions)) => Ok(completions),
+            Ok(None) => Err(wasmtime::Error::msg(
+                "the guest waited for completions with no call pending",
+            )),
+            Err(_) => Err(LimitTrap::error(
+                Limit::Deadline,
+                "the script's deadline passed while it waited on capability calls",
+            )),
+        }
+    }
+
+    fn log(
+        &mut self,
+        level: LogLevel,
+        message: String,
+        fields_json: Option<String>,
+    ) -> wasmtime::Result<()> {
+        let size = message.len() as u64 + fields_json.as_ref().map_or(0, |f| f.len() as u64);
+        self.log_bytes = self.log_bytes.saturating_add(size);
+        if self.log_bytes > self.limits.max_log_bytes {
+            return Err(LimitTrap::error(
+                Limit::LogSize,
+                format!(
+                    "logs reached {} bytes, over the {} byte limit",
+                    self.log_bytes, self.limits.max_log_bytes
+                ),
+            ));
+        }
+        let fields = fields_json.and_then(|f| serde_json::from_str(&f).ok());
+        self.logs.push(LogRecord {
+            script_id: self.script_id.clone(),
+            level: level_name(level).to_string(),
+            message,
+            fields,
+        });
+        Ok(())
+    }
+}
