@@ -1,0 +1,1323 @@
+//! The store's transactions, written once over row-level operations ([`Tx`]) that each backend
+//! implements in its SQL dialect. Keeping the rules here is what makes the embedded store and
+//! PostgreSQL behave identically.
+//!
+//! Locking rule (deadlocks are impossible if every transaction follows it): a transaction that
+//! writes anything belonging to a session first locks that session's row; a transaction that
+//! locks several sessions locks them in ascending id order. Effects, actions, events, items,
+//! checkpoints and commands are only written under their session's lock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::error::{Entity, StaleReason, StoreError};
+use crate::model::{
+    Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
+    BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
+    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
+    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewEvent,
+    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter,
+    SessionOwner, SessionStatus, Timestamp,
+};
+
+/// Row-level operations inside one open transaction.
+pub(crate) trait Tx {
+    /// Checks that the database answers.
+    async fn ping(&mut self) -> Result<(), StoreError>;
+    /// The transaction's clock reading (process clock for SQLite, server clock for PostgreSQL),
+    /// read once per transaction after the first row lock.
+    async fn now(&mut self) -> Result<Timestamp, StoreError>;
+    /// Reads a session; with `lock`, holds its row lock until the end of the transaction.
+    async fn session(&mut self, id: &str, lock: bool) -> Result<Option<Session>, StoreError>;
+    /// Inserts a session unless one with its id exists; `false` if it existed.
+    async fn insert_session(&mut self, session: &Session) -> Result<bool, StoreError>;
+    /// Writes every mutable field of a locked session.
+    async fn update_session(&mut self, session: &Session) -> Result<(), StoreError>;
+    async fn list_sessions(&mut self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError>;
+    /// Locks the oldest claimable session, skipping rows other transactions hold.
+    async fn next_claimable_session(
+        &mut self,
+        now: Timestamp,
+    ) -> Result<Option<Session>, StoreError>;
+    async fn upsert_agent(
+        &mut self,
+        agent: &NewAgent,
+        now: Timestamp,
+    ) -> Result<AgentDefinition, StoreError>;
+    async fn agent(&mut self, id: &str) -> Result<Option<AgentDefinition>, StoreError>;
+    async fn list_agents(&mut self) -> Result<Vec<AgentDefinition>, StoreError>;
+    async fn insert_event(&mut self, event: &Event) -> Result<(), StoreError>;
+    async fn events_after(
+        &mut self,
+        session_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError>;
+    async fn insert_item(&mut self, item: &Item) -> Result<(), StoreError>;
+    async fn items_after(
+        &mut self,
+        session_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Item>, StoreError>;
+    async fn live_checkpoint(&mut self, session_id: &str)
+    -> Result<Option<Checkpoint>, StoreError>;
+    /// Marks the session's live checkpoint superseded unless it is `keep` (turn, segment).
+    async fn supersede_checkpoints(
+        &mut self,
+        session_id: &str,
+        keep: Option<(&str, i64)>,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+    /// Writes (turn, segment) as the live checkpoint, replacing the data of an equal key.
+    async fn upsert_checkpoint(
+        &mut self,
+        session_id: &str,
+        checkpoint: &NewCheckpoint,
+        segment: i64,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+    async fn effect(&mut self, id: &str) -> Result<Option<Effect>, StoreError>;
+    async fn insert_effect(&mut self, effect: &Effect) -> Result<(), StoreError>;
+    async fn update_effect(&mut self, effect: &Effect) -> Result<(), StoreError>;
+    async fn session_effects(
+        &mut self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+    ) -> Result<Vec<Effect>, StoreError>;
+    async fn action(&mut self, id: &str) -> Result<Option<Action>, StoreError>;
+    async fn insert_action(&mut self, action: &Action) -> Result<(), StoreError>;
+    async fn update_action(&mut self, action: &Action) -> Result<(), StoreError>;
+    async fn list_actions(&mut self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError>;
+    /// Claimed actions whose lease ended at or before `now` (read without locks).
+    async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError>;
+    async fn command(
+        &mut self,
+        session_id: &str,
+        key: &str,
+    ) -> Result<Option<CommandRecord>, StoreError>;
+    async fn insert_command(&mut self, command: &CommandRecord) -> Result<(), StoreError>;
+    /// Ids and tenants of sessions closed at or before `cutoff`, of one tenant or all.
+    async fn closed_sessions(
+        &mut self,
+        tenant_id: Option<&str>,
+        cutoff: Timestamp,
+    ) -> Result<Vec<(String, String)>, StoreError>;
+    /// Deletes a locked session with everything that cascades from it.
+    async fn delete_session(&mut self, id: &str) -> Result<(), StoreError>;
+    async fn prune_checkpoints(&mut self, cutoff: Timestamp) -> Result<u64, StoreError>;
+    async fn prune_commands(&mut self, cutoff: Timestamp) -> Result<u64, StoreError>;
+}
+
+/// Converts a caller's counter to the database's signed 64-bit integer.
+pub(crate) fn db_int(what: &'static str, value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value)
+        .map_err(|_| StoreError::invalid(what, format!("{value} exceeds {}", i64::MAX)))
+}
+
+fn require_id(what: &'static str, value: &str) -> Result<(), StoreError> {
+    if value.is_empty() {
+        return Err(StoreError::invalid(what, "must not be empty"));
+    }
+    Ok(())
+}
+
+fn require_lease(lease: Duration) -> Result<(), StoreError> {
+    if lease.as_millis() == 0 {
+        return Err(StoreError::invalid(
+            "lease",
+            "must be at least one millisecond",
+        ));
+    }
+    Ok(())
+}
+
+fn require_page(limit: usize) -> Result<i64, StoreError> {
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(StoreError::invalid(
+            "limit",
+            format!("{limit} is outside 1..={MAX_PAGE}"),
+        ));
+    }
+    db_int("limit", limit as u64)
+}
+
+async fn locked_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
+    tx.session(id, true)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Session, id))
+}
+
+async fn existing_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
+    tx.session(id, false)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Session, id))
+}
+
+/// Accepts `fence` only if it is the session's current, unexpired lease.
+fn check_fence(session: &Session, fence: &Fence, now: Timestamp) -> Result<(), StoreError> {
+    if fence.session_id != session.id {
+        return Err(StoreError::invalid(
+            "fence",
+            format!(
+                "the lease is on session {:?}, not {:?}",
+                fence.session_id, session.id
+            ),
+        ));
+    }
+    let stale = |reason| StoreError::StaleGeneration {
+        entity: Entity::Session,
+        id: session.id.clone(),
+        presented: fence.generation,
+        current: session.generation,
+        reason,
+    };
+    match &session.owner {
+        _ if session.generation != fence.generation => Err(stale(StaleReason::Superseded)),
+        None => Err(stale(StaleReason::NotHeld)),
+        Some(owner) if owner.replica_id != fence.replica_id => Err(stale(StaleReason::Superseded)),
+        Some(owner) if owner.lease_expires_at <= now => Err(stale(StaleReason::Expired)),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Accepts an executor's claim only if it is the action's current, unexpired claim.
+fn check_claim(
+    action: &Action,
+    claim_id: &str,
+    generation: u64,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let stale = |reason| StoreError::StaleGeneration {
+        entity: Entity::Action,
+        id: action.action_id.clone(),
+        presented: generation,
+        current: action.generation,
+        reason,
+    };
+    if action.generation != generation || action.claim_id.as_deref() != Some(claim_id) {
+        return Err(stale(StaleReason::Superseded));
+    }
+    if action.status != ActionStatus::Claimed {
+        return Err(stale(StaleReason::NotHeld));
+    }
+    if action.lease_expires_at.is_none_or(|expiry| expiry <= now) {
+        return Err(stale(StaleReason::Expired));
+    }
+    Ok(())
+}
+
+fn append_events(session: &mut Session, events: Vec<NewEvent>, now: Timestamp) -> Vec<Event> {
+    events
+        .into_iter()
+        .map(|event| {
+            session.last_cursor += 1;
+            Event {
+                session_id: session.id.clone(),
+                cursor: session.last_cursor,
+                turn_id: event.turn_id,
+                event_type: event.event_type,
+                payload: event.payload,
+                created_at: now,
+            }
+        })
+        .collect()
+}
+
+async fn insert_events<T: Tx>(tx: &mut T, events: &[Event]) -> Result<(), StoreError> {
+    for event in events {
+        tx.insert_event(event).await?;
+    }
+    Ok(())
+}
+
+/// Bumps the version and writes the session row: every data change ends here.
+async fn save_session<T: Tx>(
+    tx: &mut T,
+    session: &mut Session,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    session.version += 1;
+    session.updated_at = now;
+    tx.update_session(session).await
+}
+
+pub(crate) async fn ping<T: Tx>(tx: &mut T) -> Result<(), StoreError> {
+    tx.ping().await
+}
+
+pub(crate) async fn put_agent<T: Tx>(
+    tx: &mut T,
+    agent: NewAgent,
+) -> Result<AgentDefinition, StoreError> {
+    require_id("agent id", &agent.agent_id)?;
+    let now = tx.now().await?;
+    tx.upsert_agent(&agent, now).await
+}
+
+pub(crate) async fn get_agent<T: Tx>(tx: &mut T, id: &str) -> Result<AgentDefinition, StoreError> {
+    tx.agent(id)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Agent, id))
+}
+
+pub(crate) async fn list_agents<T: Tx>(tx: &mut T) -> Result<Vec<AgentDefinition>, StoreError> {
+    tx.list_agents().await
+}
+
+fn same_creation(session: &Session, new: &NewSession) -> bool {
+    session.tenant_id == new.tenant_id
+        && session.owner_user_id == new.owner_user_id
+        && session.agent_id == new.agent_id
+        && session.creation == new.creation
+}
+
+pub(crate) async fn create_session<T: Tx>(
+    tx: &mut T,
+    new: NewSession,
+) -> Result<CreatedSession, StoreError> {
+    require_id("session id", &new.id)?;
+    require_id("tenant id", &new.tenant_id)?;
+    require_id("owner user id", &new.owner_user_id)?;
+    let existing = |session: Session| {
+        if same_creation(&session, &new) {
+            Ok(CreatedSession {
+                session,
+                created: false,
+            })
+        } else {
+            Err(StoreError::conflict(
+                Entity::Session,
+                &new.id,
+                "a session with this id exists with different creation parameters",
+            ))
+        }
+    };
+    if let Some(session) = tx.session(&new.id, true).await? {
+        return existing(session);
+    }
+    let agent = tx
+        .agent(&new.agent_id)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Agent, &new.agent_id))?;
+    let now = tx.now().await?;
+    let session = Session {
+        id: new.id.clone(),
+        tenant_id: new.tenant_id.clone(),
+        owner_user_id: new.owner_user_id.clone(),
+        agent_id: agent.agent_id,
+        manifest: agent.manifest,
+        manifest_hash: agent.manifest_hash,
+        implementation_version: agent.implementation_version,
+        creation: new.creation.clone(),
+        status: SessionStatus::Idle,
+        active_turn_id: None,
+        state: new.state.clone(),
+        version: 1,
+        last_cursor: 0,
+        last_item_seq: 0,
+        owner: None,
+        generation: 0,
+        created_at: now,
+        updated_at: now,
+        closed_at: None,
+    };
+    if tx.insert_session(&session).await? {
+        return Ok(CreatedSession {
+            session,
+            created: true,
+        });
+    }
+    // A concurrent create committed first: answer as if it had been there all along.
+    existing(locked_session(tx, &new.id).await?)
+}
+
+pub(crate) async fn get_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
+    existing_session(tx, id).await
+}
+
+pub(crate) async fn list_sessions<T: Tx>(
+    tx: &mut T,
+    filter: &SessionFilter,
+) -> Result<Vec<Session>, StoreError> {
+    tx.list_sessions(filter).await
+}
+
+pub(crate) async fn commit<T: Tx>(
+    tx: &mut T,
+    commit: SessionCommit,
+) -> Result<CommitOutcome, StoreError> {
+    let SessionCommit {
+        session_id,
+        fence,
+        expect_version,
+        command,
+        patch,
+        items,
+        events,
+        checkpoint,
+        effects,
+        actions,
+    } = commit;
+    if let Some(command) = &command {
+        require_id("idempotency key", &command.idempotency_key)?;
+    }
+    let checkpoint_segment = match &checkpoint {
+        Some(CheckpointWrite::Put(put)) => {
+            require_id("checkpoint turn id", &put.turn_id)?;
+            Some(db_int("checkpoint segment", put.segment)?)
+        }
+        _ => None,
+    };
+    // The session lock comes before the idempotency check so that two concurrent commits of
+    // one command are serialized and the second one sees the first one's record.
+    let session = tx.session(&session_id, true).await?;
+    if let Some(command) = &command
+        && let Some(record) = tx.command(&session_id, &command.idempotency_key).await?
+    {
+        if record.command == command.command {
+            return Ok(CommitOutcome::Replayed(record));
+        }
+        return Err(StoreError::conflict(
+            Entity::Command,
+            &command.idempotency_key,
+            "the idempotency key is already bound to a different command",
+        ));
+    }
+    let mut session = session.ok_or_else(|| StoreError::not_found(Entity::Session, &session_id))?;
+    let now = tx.now().await?;
+    if let Some(fence) = &fence {
+        check_fence(&session, fence, now)?;
+    }
+    if let Some(expected) = expect_version
+        && expected != session.version
+    {
+        return Err(StoreError::conflict(
+            Entity::Session,
+            &session_id,
+            format!("expected version {expected}, found {}", session.version),
+        ));
+    }
+
+    for transition in effects {
+        let mut effect = tx
+            .effect(&transition.effect_id)
+            .await?
+            .filter(|effect| effect.session_id == session_id)
+            .ok_or_else(|| StoreError::not_found(Entity::Effect, &transition.effect_id))?;
+        if !transition.from.contains(&effect.status) {
+            return Err(StoreError::conflict(
+                Entity::Effect,
+                &transition.effect_id,
+                format!(
+                    "status is {}, the transition to {} expects {}",
+                    effect.status,
+                    transition.to,
+                    list(&transition.from)
+                ),
+            ));
+        }
+        effect.status = transition.to;
+        if transition.result.is_some() {
+            effect.result = transition.result;
+        }
+        if transition.error.is_some() {
+            effect.error = transition.error;
+        }
+        effect.updated_at = now;
+        tx.update_effect(&effect).await?;
+    }
+
+    for transition in actions {
+        let mut action = tx
+            .action(&transition.action_id)
+            .await?
+            .filter(|action| action.session_id == session_id)
+            .ok_or_else(|| StoreError::not_found(Entity::Action, &transition.action_id))?;
+        match &transition.guard {
+            ActionGuard::Status(allowed) => {
+                if !allowed.contains(&action.status) {
+                    return Err(StoreError::conflict(
+                        Entity::Action,
+                        &transition.action_id,
+                        format!(
+                            "status is {}, the transition to {} expects {}",
+                            action.status,
+                            transition.to,
+                            list(allowed)
+                        ),
+                    ));
+                }
+            }
+            ActionGuard::Claim {
+                claim_id,
+                generation,
+            } => check_claim(&action, claim_id, *generation, now)?,
+        }
+        action.status = transition.to;
+        if transition.result.is_some() {
+            action.result = transition.result;
+        }
+        action.updated_at = now;
+        tx.update_action(&action).await?;
+    }
+
+    if let Some(status) = patch.status {
+        if status == SessionStatus::Closed {
+            if session.status != SessionStatus::Closed {
+                session.closed_at = Some(now);
+            }
+        } else {
+            session.closed_at = None;
+        }
+        session.status = status;
+    }
+    if let Some(turn) = patch.active_turn_id {
+        session.active_turn_id = turn;
+    }
+    if let Some(state) = patch.state {
+        session.state = state;
+    }
+
+    let mut appended_items = Vec::with_capacity(items.len());
+    for item in items {
+        session.last_item_seq += 1;
+        let item = Item {
+            session_id: session_id.clone(),
+            seq: session.last_item_seq,
+            turn_id: item.turn_id,
+            body: item.body,
+            created_at: now,
+        };
+        tx.insert_item(&item).await?;
+        appended_items.push(item);
+    }
+
+    let appended_events = append_events(&mut session, events, now);
+    insert_events(tx, &appended_events).await?;
+
+    match (&checkpoint, checkpoint_segment) {
+        (Some(CheckpointWrite::Put(put)), Some(segment)) => {
+            tx.supersede_checkpoints(&session_id, Some((&put.turn_id, segment)), now)
+                .await?;
+            tx.upsert_checkpoint(&session_id, put, segment, now).await?;
+        }
+        (Some(CheckpointWrite::Clear), _) => {
+            tx.supersede_checkpoints(&session_id, None, now).await?;
+        }
+        _ => {}
+    }
+
+    let record = match command {
+        Some(command) => {
+            let record = CommandRecord {
+                session_id: session_id.clone(),
+                idempotency_key: command.idempotency_key,
+                command: command.command,
+                response: command.response,
+                cursor: session.last_cursor,
+                created_at: now,
+            };
+            tx.insert_command(&record).await?;
+            Some(record)
+        }
+        None => None,
+    };
+
+    save_session(tx, &mut session, now).await?;
+    Ok(CommitOutcome::Applied(Box::new(CommitReceipt {
+        session,
+        events: appended_events,
+        items: appended_items,
+        command: record,
+    })))
+}
+
+fn list<T: std::fmt::Display>(values: &[T]) -> String {
+    if values.is_empty() {
+        return "nothing".to_owned();
+    }
+    values
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
+pub(crate) async fn append_event<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    fence: Option<Fence>,
+    event: NewEvent,
+) -> Result<Event, StoreError> {
+    let mut request = SessionCommit::new(session_id);
+    request.fence = fence;
+    request.events.push(event);
+    match commit(tx, request).await? {
+        CommitOutcome::Applied(mut receipt) => receipt.events.pop().ok_or_else(|| {
+            StoreError::corrupt(
+                Entity::Event,
+                session_id,
+                "the appended event was not returned",
+            )
+        }),
+        CommitOutcome::Replayed(_) => Err(StoreError::corrupt(
+            Entity::Event,
+            session_id,
+            "a commit without a command was reported as a replay",
+        )),
+    }
+}
+
+pub(crate) async fn list_events<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<Event>, StoreError> {
+    let limit = require_page(limit)?;
+    let session = existing_session(tx, session_id).await?;
+    if after > session.last_cursor {
+        return Err(StoreError::InvalidCursor {
+            session_id: session_id.to_owned(),
+            cursor: after,
+            last: session.last_cursor,
+        });
+    }
+    tx.events_after(session_id, db_int("cursor", after)?, limit)
+        .await
+}
+
+pub(crate) async fn page_items<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    after: u64,
+    limit: usize,
+) -> Result<ItemPage, StoreError> {
+    let limit = require_page(limit)?;
+    existing_session(tx, session_id).await?;
+    // One row more than asked tells whether another page follows.
+    let mut items = tx
+        .items_after(session_id, db_int("item sequence", after)?, limit + 1)
+        .await?;
+    let more = items.len() as i64 > limit;
+    items.truncate(limit as usize);
+    let next_after = if more {
+        items.last().map(|item| item.seq)
+    } else {
+        None
+    };
+    Ok(ItemPage { items, next_after })
+}
+
+pub(crate) async fn live_checkpoint<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+) -> Result<Option<Checkpoint>, StoreError> {
+    existing_session(tx, session_id).await?;
+    tx.live_checkpoint(session_id).await
+}
+
+pub(crate) async fn get_command<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    key: &str,
+) -> Result<Option<CommandRecord>, StoreError> {
+    tx.command(session_id, key).await
+}
+
+pub(crate) async fn begin_effect<T: Tx>(
+    tx: &mut T,
+    begin: BeginEffect,
+) -> Result<BeginEffectOutcome, StoreError> {
+    let BeginEffect {
+        session_id,
+        fence,
+        effect: new,
+        action,
+        events,
+    } = begin;
+    require_id("effect id", &new.effect_id)?;
+    require_id("effect turn id", &new.turn_id)?;
+    if !matches!(new.status, EffectStatus::Pending | EffectStatus::Invoking) {
+        return Err(StoreError::invalid(
+            "effect status",
+            format!(
+                "a new effect starts pending or invoking, not {}",
+                new.status
+            ),
+        ));
+    }
+    let mut session = locked_session(tx, &session_id).await?;
+    let now = tx.now().await?;
+    if let Some(fence) = &fence {
+        check_fence(&session, fence, now)?;
+    }
+    if let Some(existing) = tx.effect(&new.effect_id).await? {
+        let same = existing.session_id == session_id
+            && existing.turn_id == new.turn_id
+            && existing.kind == new.kind
+            && existing.request == new.request;
+        if !same {
+            return Err(StoreError::conflict(
+                Entity::Effect,
+                &new.effect_id,
+                "the effect id is journaled with a different session, turn, kind or request",
+            ));
+        }
+        return Ok(BeginEffectOutcome::Existing(existing));
+    }
+    let effect = Effect {
+        effect_id: new.effect_id.clone(),
+        session_id: session_id.clone(),
+        turn_id: new.turn_id.clone(),
+        kind: new.kind,
+        status: new.status,
+        request: new.request,
+        result: None,
+        error: None,
+        created_at: now,
+        updated_at: now,
+    };
+    tx.insert_effect(&effect).await?;
+    if let Some(action) = action {
+        require_id("action agent id", &action.agent_id)?;
+        tx.insert_action(&Action {
+            action_id: new.effect_id,
+            session_id: session_id.clone(),
+            turn_id: new.turn_id,
+            agent_id: action.agent_id,
+            manifest_hash: action.manifest_hash,
+            implementation_version: action.implementation_version,
+            capability_id: action.capability_id,
+            request: action.request,
+            status: ActionStatus::Pending,
+            generation: 0,
+            claim_id: None,
+            lease_expires_at: None,
+            result: None,
+            created_at: now,
+            updated_at: now,
+        })
+        .await?;
+    }
+    let events = append_events(&mut session, events, now);
+    insert_events(tx, &events).await?;
+    save_session(tx, &mut session, now).await?;
+    Ok(BeginEffectOutcome::Started { effect, events })
+}
+
+pub(crate) async fn get_effect<T: Tx>(tx: &mut T, id: &str) -> Result<Effect, StoreError> {
+    tx.effect(id)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Effect, id))
+}
+
+pub(crate) async fn list_effects<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    status: Option<EffectStatus>,
+) -> Result<Vec<Effect>, StoreError> {
+    existing_session(tx, session_id).await?;
+    tx.session_effects(session_id, status).await
+}
+
+pub(crate) async fn mark_in_flight_effects_uncertain<T: Tx>(
+    tx: &mut T,
+    fence: Fence,
+    reason: &str,
+) -> Result<Vec<Effect>, StoreError> {
+    let mut session = locked_session(tx, &fence.session_id).await?;
+    let now = tx.now().await?;
+    check_fence(&session, &fence, now)?;
+    let mut changed = tx
+        .session_effects(&session.id, Some(EffectStatus::Invoking))
+        .await?;
+    if changed.is_empty() {
+        return Ok(changed);
+    }
+    let mut events = Vec::new();
+    for effect in &mut changed {
+        effect.status = EffectStatus::Uncertain;
+        effect.error = Some(reason.to_owned());
+        effect.updated_at = now;
+        tx.update_effect(effect).await?;
+        if session.status != SessionStatus::Cancelled
+            && session.active_turn_id.as_deref() == Some(effect.turn_id.as_str())
+        {
+            events.push(
+                NewEvent::new(
+                    "effect.uncertain",
+                    json!({
+                        "effectId": effect.effect_id,
+                        "kind": effect.kind.as_str(),
+                        "message": reason,
+                    }),
+                )
+                .in_turn(effect.turn_id.clone()),
+            );
+        }
+    }
+    if !events.is_empty() {
+        session.status = SessionStatus::Uncertain;
+    }
+    let events = append_events(&mut session, events, now);
+    insert_events(tx, &events).await?;
+    save_session(tx, &mut session, now).await?;
+    Ok(changed)
+}
+
+pub(crate) async fn get_action<T: Tx>(tx: &mut T, id: &str) -> Result<Action, StoreError> {
+    tx.action(id)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Action, id))
+}
+
+pub(crate) async fn list_actions<T: Tx>(
+    tx: &mut T,
+    filter: &ActionFilter,
+) -> Result<Vec<Action>, StoreError> {
+    tx.list_actions(filter).await
+}
+
+/// Locks the action's session, then reads the action again under that lock.
+async fn locked_action<T: Tx>(tx: &mut T, id: &str) -> Result<(Session, Action), StoreError> {
+    let unlocked = get_action(tx, id).await?;
+    let session = locked_session(tx, &unlocked.session_id).await?;
+    let action = get_action(tx, id).await?;
+    Ok((session, action))
+}
+
+pub(crate) async fn claim_action<T: Tx>(
+    tx: &mut T,
+    claim: ClaimAction,
+) -> Result<ClaimedAction, StoreError> {
+    require_id("claim id", &claim.claim_id)?;
+    require_lease(claim.lease)?;
+    let (mut session, mut action) = locked_action(tx, &claim.action_id).await?;
+    let now = tx.now().await?;
+    if action.manifest_hash != claim.manifest_hash
+        || action.implementation_version != claim.implementation_version
+    {
+        return Err(StoreError::conflict(
+            Entity::Action,
+            &action.action_id,
+            format!(
+                "definition mismatch: the action needs manifest {} at version {}",
+                action.manifest_hash, action.implementation_version
+            ),
+        ));
+    }
+    if action.status != ActionStatus::Pending {
+        return Err(StoreError::conflict(
+            Entity::Action,
+            &action.action_id,
+            format!("the action is {}, not pending", action.status),
+        ));
+    }
+    if session.status == SessionStatus::Cancelled
+        || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
+    {
+        return Err(StoreError::conflict(
+            Entity::Action,
+            &action.action_id,
+            "the action's turn is no longer active",
+        ));
+    }
+    action.status = ActionStatus::Claimed;
+    action.generation += 1;
+    action.claim_id = Some(claim.claim_id);
+    action.lease_expires_at = Some(now.saturating_add(claim.lease));
+    action.updated_at = now;
+    tx.update_action(&action).await?;
+    let mut events = append_events(
+        &mut session,
+        vec![
+            NewEvent::new(
+                "action.claimed",
+                json!({"actionId": action.action_id, "generation": action.generation}),
+            )
+            .in_turn(action.turn_id.clone()),
+        ],
+        now,
+    );
+    insert_events(tx, &events).await?;
+    save_session(tx, &mut session, now).await?;
+    let event = events.pop().ok_or_else(|| {
+        StoreError::corrupt(
+            Entity::Event,
+            &session.id,
+            "the claim event was not appended",
+        )
+    })?;
+    Ok(ClaimedAction { action, event })
+}
+
+pub(crate) async fn heartbeat_action<T: Tx>(
+    tx: &mut T,
+    heartbeat: HeartbeatAction,
+) -> Result<Action, StoreError> {
+    require_lease(heartbeat.lease)?;
+    let (_session, mut action) = locked_action(tx, &heartbeat.action_id).await?;
+    let now = tx.now().await?;
+    check_claim(&action, &heartbeat.claim_id, heartbeat.generation, now)?;
+    action.lease_expires_at = Some(now.saturating_add(heartbeat.lease));
+    action.updated_at = now;
+    tx.update_action(&action).await?;
+    Ok(action)
+}
+
+pub(crate) async fn expire_action_claims<T: Tx>(tx: &mut T) -> Result<Vec<Action>, StoreError> {
+    let now = tx.now().await?;
+    let mut by_session: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for action in tx.expired_claims(now).await? {
+        by_session
+            .entry(action.session_id)
+            .or_default()
+            .push(action.action_id);
+    }
+    let mut expired = Vec::new();
+    // BTreeMap iteration locks sessions in ascending id order.
+    for (session_id, action_ids) in by_session {
+        let Some(mut session) = tx.session(&session_id, true).await? else {
+            continue;
+        };
+        let mut events = Vec::new();
+        for action_id in action_ids {
+            let Some(mut action) = tx.action(&action_id).await? else {
+                continue;
+            };
+            // Re-checked under the lock: a heartbeat or a result may have landed meanwhile.
+            let still_expired = action.status == ActionStatus::Claimed
+                && action.lease_expires_at.is_some_and(|expiry| expiry <= now);
+            if !still_expired {
+                continue;
+            }
+            action.status = ActionStatus::Uncertain;
+            action.updated_at = now;
+            tx.update_action(&action).await?;
+            if let Some(mut effect) = tx.effect(&action.action_id).await?
+                && matches!(
+                    effect.status,
+                    EffectStatus::Pending | EffectStatus::Invoking
+                )
+            {
+                effect.status = EffectStatus::Uncertain;
+                effect.error = Some("the executor's claim expired".to_owned());
+                effect.updated_at = now;
+                tx.update_effect(&effect).await?;
+            }
+            if session.status != SessionStatus::Cancelled
+                && session.active_turn_id.as_deref() == Some(action.turn_id.as_str())
+            {
+                session.status = SessionStatus::Uncertain;
+                events.push(
+                    NewEvent::new("action.uncertain", json!({"actionId": action.action_id}))
+                        .in_turn(action.turn_id.clone()),
+                );
+            }
+            expired.push(action);
+        }
+        let events = append_events(&mut session, events, now);
+        insert_events(tx, &events).await?;
+        save_session(tx, &mut session, now).await?;
+    }
+    Ok(expired)
+}
+
+fn grant(session: &Session) -> Result<Lease, StoreError> {
+    let owner = session.owner.as_ref().ok_or_else(|| {
+        StoreError::corrupt(Entity::Session, &session.id, "a granted lease has no owner")
+    })?;
+    Ok(Lease {
+        session_id: session.id.clone(),
+        replica_id: owner.replica_id.clone(),
+        generation: session.generation,
+        expires_at: owner.lease_expires_at,
+    })
+}
+
+pub(crate) async fn claim_runnable_session<T: Tx>(
+    tx: &mut T,
+    replica_id: &str,
+    lease: Duration,
+) -> Result<Option<Lease>, StoreError> {
+    require_id("replica id", replica_id)?;
+    require_lease(lease)?;
+    let now = tx.now().await?;
+    let Some(mut session) = tx.next_claimable_session(now).await? else {
+        return Ok(None);
+    };
+    session.generation += 1;
+    session.owner = Some(SessionOwner {
+        replica_id: replica_id.to_owned(),
+        lease_expires_at: now.saturating_add(lease),
+    });
+    // Ownership is not session data: the version stays, so a commit prepared before the
+    // takeover still fails on the fence rather than on the version.
+    tx.update_session(&session).await?;
+    grant(&session).map(Some)
+}
+
+pub(crate) async fn acquire_session<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    replica_id: &str,
+    lease: Duration,
+) -> Result<Lease, StoreError> {
+    require_id("replica id", replica_id)?;
+    require_lease(lease)?;
+    let mut session = locked_session(tx, session_id).await?;
+    let now = tx.now().await?;
+    match &session.owner {
+        Some(owner) if owner.lease_expires_at > now && owner.replica_id != replica_id => {
+            return Err(StoreError::conflict(
+                Entity::Session,
+                session_id,
+                format!(
+                    "replica {:?} holds the session until {}",
+                    owner.replica_id, owner.lease_expires_at
+                ),
+            ));
+        }
+        Some(owner) if owner.lease_expires_at > now => {}
+        _ => session.generation += 1,
+    }
+    session.owner = Some(SessionOwner {
+        replica_id: replica_id.to_owned(),
+        lease_expires_at: now.saturating_add(lease),
+    });
+    tx.update_session(&session).await?;
+    grant(&session)
+}
+
+pub(crate) async fn renew_lease<T: Tx>(
+    tx: &mut T,
+    fence: Fence,
+    lease: Duration,
+) -> Result<Lease, StoreError> {
+    require_lease(lease)?;
+    let mut session = locked_session(tx, &fence.session_id).await?;
+    let now = tx.now().await?;
+    check_fence(&session, &fence, now)?;
+    session.owner = Some(SessionOwner {
+        replica_id: fence.replica_id,
+        lease_expires_at: now.saturating_add(lease),
+    });
+    tx.update_session(&session).await?;
+    grant(&session)
+}
+
+pub(crate) async fn release_lease<T: Tx>(tx: &mut T, fence: Fence) -> Result<(), StoreError> {
+    let mut session = locked_session(tx, &fence.session_id).await?;
+    // An expired lease may still be released by its holder as long as nobody took over.
+    let far_past = Timestamp::from_unix_millis(i64::MIN);
+    check_fence(&session, &fence, far_past)?;
+    session.owner = None;
+    tx.update_session(&session).await
+}
+
+pub(crate) async fn apply_retention<T: Tx>(
+    tx: &mut T,
+    policy: &RetentionPolicy,
+) -> Result<RetentionReport, StoreError> {
+    let now = tx.now().await?;
+    let mut doomed = Vec::new();
+    for (tenant, ttl) in &policy.tenant_closed_session_ttl {
+        let cutoff = now.saturating_sub(*ttl);
+        for (id, _) in tx.closed_sessions(Some(tenant), cutoff).await? {
+            doomed.push((id, cutoff));
+        }
+    }
+    if let Some(ttl) = policy.closed_session_ttl {
+        let cutoff = now.saturating_sub(ttl);
+        for (id, tenant) in tx.closed_sessions(None, cutoff).await? {
+            if !policy.tenant_closed_session_ttl.contains_key(&tenant) {
+                doomed.push((id, cutoff));
+            }
+        }
+    }
+    doomed.sort();
+    let mut report = RetentionReport::default();
+    for (id, cutoff) in doomed {
+        // Re-checked under the lock: the session may have been reopened meanwhile.
+        let Some(session) = tx.session(&id, true).await? else {
+            continue;
+        };
+        let expired = session.status == SessionStatus::Closed
+            && session.closed_at.is_some_and(|closed| closed <= cutoff);
+        if expired {
+            tx.delete_session(&id).await?;
+            report.sessions_deleted += 1;
+        }
+    }
+    report.checkpoints_pruned = tx
+        .prune_checkpoints(now.saturating_sub(policy.superseded_checkpoint_ttl))
+        .await?;
+    report.commands_pruned = tx
+        .prune_commands(now.saturating_sub(policy.idempotency_window))
+        .await?;
+    Ok(report)
+}
+
+/// Column lists shared by both dialects, so that one decoder reads rows of either.
+macro_rules! session_columns {
+    () => {
+        "id, tenant_id, owner_user_id, agent_id, manifest, manifest_hash, implementation_version, \
+         creation, status, active_turn_id, state, version, last_cursor, last_item_seq, \
+         owner_replica, lease_expires_at, generation, created_at, updated_at, closed_at"
+    };
+}
+macro_rules! agent_columns {
+    () => {
+        "agent_id, manifest, manifest_hash, implementation_version, created_at, updated_at"
+    };
+}
+macro_rules! event_columns {
+    () => {
+        "session_id, cursor, turn_id, event_type, payload, created_at"
+    };
+}
+macro_rules! item_columns {
+    () => {
+        "session_id, seq, turn_id, body, created_at"
+    };
+}
+macro_rules! checkpoint_columns {
+    () => {
+        "session_id, turn_id, segment, data, created_at, updated_at"
+    };
+}
+macro_rules! effect_columns {
+    () => {
+        "effect_id, session_id, turn_id, kind, status, request, result, error, created_at, \
+         updated_at"
+    };
+}
+macro_rules! action_columns {
+    () => {
+        "action_id, session_id, turn_id, agent_id, manifest_hash, implementation_version, \
+         capability_id, request, status, generation, claim_id, lease_expires_at, result, \
+         created_at, updated_at"
+    };
+}
+macro_rules! command_columns {
+    () => {
+        "session_id, idempotency_key, command, response, cursor, created_at"
+    };
+}
+pub(crate) use {
+    action_columns, agent_columns, checkpoint_columns, command_columns, effect_columns,
+    event_columns, item_columns, session_columns,
+};
+
+/// Read access to one result row, whichever driver produced it.
+pub(crate) trait Row {
+    fn text(&self, index: usize) -> Result<String, StoreError>;
+    fn opt_text(&self, index: usize) -> Result<Option<String>, StoreError>;
+    fn int(&self, index: usize) -> Result<i64, StoreError>;
+    fn opt_int(&self, index: usize) -> Result<Option<i64>, StoreError>;
+}
+
+struct Decoder<'r, R: Row> {
+    row: &'r R,
+    entity: Entity,
+    id: String,
+}
+
+impl<'r, R: Row> Decoder<'r, R> {
+    fn new(row: &'r R, entity: Entity, id_index: usize) -> Result<Self, StoreError> {
+        Ok(Self {
+            row,
+            entity,
+            id: row.text(id_index)?,
+        })
+    }
+
+    fn corrupt(&self, detail: String) -> StoreError {
+        StoreError::corrupt(self.entity, &self.id, detail)
+    }
+
+    fn json(&self, index: usize, field: &str) -> Result<Value, StoreError> {
+        let text = self.row.text(index)?;
+        serde_json::from_str(&text).map_err(|error| self.corrupt(format!("{field}: {error}")))
+    }
+
+    fn opt_json(&self, index: usize, field: &str) -> Result<Option<Value>, StoreError> {
+        match self.row.opt_text(index)? {
+            Some(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|error| self.corrupt(format!("{field}: {error}"))),
+            None => Ok(None),
+        }
+    }
+
+    fn count(&self, index: usize, field: &str) -> Result<u64, StoreError> {
+        let value = self.row.int(index)?;
+        u64::try_from(value).map_err(|_| self.corrupt(format!("{field} is negative: {value}")))
+    }
+
+    fn time(&self, index: usize) -> Result<Timestamp, StoreError> {
+        Ok(Timestamp::from_unix_millis(self.row.int(index)?))
+    }
+
+    fn opt_time(&self, index: usize) -> Result<Option<Timestamp>, StoreError> {
+        Ok(self.row.opt_int(index)?.map(Timestamp::from_unix_millis))
+    }
+
+    fn parsed<T>(
+        &self,
+        index: usize,
+        field: &str,
+        parse: fn(&str) -> Option<T>,
+    ) -> Result<T, StoreError> {
+        let text = self.row.text(index)?;
+        parse(&text).ok_or_else(|| self.corrupt(format!("unknown {field} {text:?}")))
+    }
+}
+
+pub(crate) fn decode_session(row: &impl Row) -> Result<Session, StoreError> {
+    let d = Decoder::new(row, Entity::Session, 0)?;
+    let owner = match (row.opt_text(14)?, d.opt_time(15)?) {
+        (Some(replica_id), Some(lease_expires_at)) => Some(SessionOwner {
+            replica_id,
+            lease_expires_at,
+        }),
+        _ => None,
+    };
+    Ok(Session {
+        id: d.id.clone(),
+        tenant_id: row.text(1)?,
+        owner_user_id: row.text(2)?,
+        agent_id: row.text(3)?,
+        manifest: d.json(4, "manifest")?,
+        manifest_hash: row.text(5)?,
+        implementation_version: row.text(6)?,
+        creation: d.json(7, "creation")?,
+        status: d.parsed(8, "status", SessionStatus::parse)?,
+        active_turn_id: row.opt_text(9)?,
+        state: d.json(10, "state")?,
+        version: d.count(11, "version")?,
+        last_cursor: d.count(12, "last cursor")?,
+        last_item_seq: d.count(13, "last item sequence")?,
+        owner,
+        generation: d.count(16, "generation")?,
+        created_at: d.time(17)?,
+        updated_at: d.time(18)?,
+        closed_at: d.opt_time(19)?,
+    })
+}
+
+pub(crate) fn decode_agent(row: &impl Row) -> Result<AgentDefinition, StoreError> {
+    let d = Decoder::new(row, Entity::Agent, 0)?;
+    Ok(AgentDefinition {
+        agent_id: d.id.clone(),
+        manifest: d.json(1, "manifest")?,
+        manifest_hash: row.text(2)?,
+        implementation_version: row.text(3)?,
+        created_at: d.time(4)?,
+        updated_at: d.time(5)?,
+    })
+}
+
+pub(crate) fn decode_event(row: &impl Row) -> Result<Event, StoreError> {
+    let d = Decoder::new(row, Entity::Event, 0)?;
+    Ok(Event {
+        session_id: d.id.clone(),
+        cursor: d.count(1, "cursor")?,
+        turn_id: row.opt_text(2)?,
+        event_type: row.text(3)?,
+        payload: d.json(4, "payload")?,
+        created_at: d.time(5)?,
+    })
+}
+
+pub(crate) fn decode_item(row: &impl Row) -> Result<Item, StoreError> {
+    let d = Decoder::new(row, Entity::Item, 0)?;
+    Ok(Item {
+        session_id: d.id.clone(),
+        seq: d.count(1, "sequence")?,
+        turn_id: row.opt_text(2)?,
+        body: d.json(3, "body")?,
+        created_at: d.time(4)?,
+    })
+}
+
+pub(crate) fn decode_checkpoint(row: &impl Row) -> Result<Checkpoint, StoreError> {
+    let d = Decoder::new(row, Entity::Checkpoint, 0)?;
+    Ok(Checkpoint {
+        session_id: d.id.clone(),
+        turn_id: row.text(1)?,
+        segment: d.count(2, "segment")?,
+        data: d.json(3, "data")?,
+        created_at: d.time(4)?,
+        updated_at: d.time(5)?,
+    })
+}
+
+pub(crate) fn decode_effect(row: &impl Row) -> Result<Effect, StoreError> {
+    let d = Decoder::new(row, Entity::Effect, 0)?;
+    Ok(Effect {
+        effect_id: d.id.clone(),
+        session_id: row.text(1)?,
+        turn_id: row.text(2)?,
+        kind: d.parsed(3, "kind", crate::model::EffectKind::parse)?,
+        status: d.parsed(4, "status", EffectStatus::parse)?,
+        request: d.json(5, "request")?,
+        result: d.opt_json(6, "result")?,
+        error: row.opt_text(7)?,
+        created_at: d.time(8)?,
+        updated_at: d.time(9)?,
+    })
+}
+
+pub(crate) fn decode_action(row: &impl Row) -> Result<Action, StoreError> {
+    let d = Decoder::new(row, Entity::Action, 0)?;
+    Ok(Action {
+        action_id: d.id.clone(),
+        session_id: row.text(1)?,
+        turn_id: row.text(2)?,
+        agent_id: row.text(3)?,
+        manifest_hash: row.text(4)?,
+        implementation_version: row.text(5)?,
+        capability_id: row.text(6)?,
+        request: d.json(7, "request")?,
+        status: d.parsed(8, "status", ActionStatus::parse)?,
+        generation: d.count(9, "generation")?,
+        claim_id: row.opt_text(10)?,
+        lease_expires_at: d.opt_time(11)?,
+        result: d.opt_json(12, "result")?,
+        created_at: d.time(13)?,
+        updated_at: d.time(14)?,
+    })
+}
+
+pub(crate) fn decode_command(row: &impl Row) -> Result<CommandRecord, StoreError> {
+    let d = Decoder::new(row, Entity::Command, 1)?;
+    Ok(CommandRecord {
+        session_id: row.text(0)?,
+        idempotency_key: d.id.clone(),
+        command: d.json(2, "command")?,
+        response: d.json(3, "response")?,
+        cursor: d.count(4, "cursor")?,
+        created_at: d.time(5)?,
+    })
+}
+
+/// The session's owner as two nullable columns.
+pub(crate) fn owner_columns(session: &Session) -> (Option<&str>, Option<i64>) {
+    match &session.owner {
+        Some(owner) => (
+            Some(owner.replica_id.as_str()),
+            Some(owner.lease_expires_at.as_unix_millis()),
+        ),
+        None => (None, None),
+    }
+}
+
+/// A counter of a row we wrote ourselves, as the database's integer.
+pub(crate) fn counter(value: u64) -> Result<i64, StoreError> {
+    db_int("counter", value)
+}

@@ -1,0 +1,191 @@
+//! The storage trait every backend implements.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::model::{
+    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
+    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
+    Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, StoreBackend,
+};
+
+/// Everything durable in corral, behind one interface.
+///
+/// Every method is one transaction: it commits entirely or not at all. Methods that write to a
+/// session take the session's row lock first, so writes to one session are serialized and its
+/// event cursor stays gap-free whatever the concurrency. Writes carrying a [`Fence`] succeed only
+/// while that lease is current and unexpired, checked in the same transaction as the write.
+///
+/// Use it as `Arc<dyn Store>`; [`crate::SqliteStore`] and [`crate::PostgresStore`] behave
+/// identically (one conformance suite runs against both).
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Which implementation this is.
+    fn backend(&self) -> StoreBackend;
+
+    /// Checks that the database answers (for readiness probes).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Registers an agent definition or replaces the one with the same id.
+    async fn put_agent(&self, agent: NewAgent) -> Result<AgentDefinition, StoreError>;
+
+    /// The agent definition `agent_id`; [`StoreError::NotFound`] if unknown.
+    async fn get_agent(&self, agent_id: &str) -> Result<AgentDefinition, StoreError>;
+
+    /// All agent definitions, by id.
+    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError>;
+
+    /// Creates a session from its registered agent, idempotently: an existing session with equal
+    /// tenant, user, agent and creation parameters is returned as is; one with different ones is a
+    /// [`StoreError::Conflict`]. An unknown agent is [`StoreError::NotFound`].
+    async fn create_session(&self, session: NewSession) -> Result<CreatedSession, StoreError>;
+
+    /// The session `session_id`; [`StoreError::NotFound`] if unknown.
+    async fn get_session(&self, session_id: &str) -> Result<Session, StoreError>;
+
+    /// Sessions matching `filter`, by id.
+    async fn list_sessions(&self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError>;
+
+    /// Applies one atomic change to a session: guarded effect and action transitions, the session
+    /// patch, items, events, the live checkpoint and the command record commit together.
+    ///
+    /// Guards, checked in this order before anything is written:
+    /// - a command whose idempotency key is already recorded for this session returns
+    ///   [`CommitOutcome::Replayed`] with its first response if the bodies are equal (even after
+    ///   the session itself was deleted by retention), and [`StoreError::Conflict`] otherwise;
+    /// - [`StoreError::NotFound`] if the session does not exist;
+    /// - [`StoreError::StaleGeneration`] if `fence` is set and is not the current, unexpired lease;
+    /// - [`StoreError::Conflict`] if `expect_version` is set and differs from the session's
+    ///   version;
+    /// - each effect and action transition's own guard.
+    ///
+    /// On success the session's version increases by one.
+    async fn commit(&self, commit: SessionCommit) -> Result<CommitOutcome, StoreError>;
+
+    /// Appends one event (a commit holding only that event).
+    async fn append_event(
+        &self,
+        session_id: &str,
+        fence: Option<&Fence>,
+        event: NewEvent,
+    ) -> Result<Event, StoreError>;
+
+    /// Up to `limit` events with a cursor greater than `after` (0 for the start), in order.
+    /// A cursor beyond the newest event is [`StoreError::InvalidCursor`]; `limit` must be
+    /// 1..=[`crate::MAX_PAGE`].
+    async fn list_events(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError>;
+
+    /// Up to `limit` conversation items with a sequence number greater than `after`, in order;
+    /// `limit` must be 1..=[`crate::MAX_PAGE`].
+    async fn page_items(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError>;
+
+    /// The session's live checkpoint, if it has one.
+    async fn live_checkpoint(&self, session_id: &str) -> Result<Option<Checkpoint>, StoreError>;
+
+    /// The command recorded under `idempotency_key` for `session_id`, if any.
+    async fn get_command(
+        &self,
+        session_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<CommandRecord>, StoreError>;
+
+    /// Journals an effect under its stable id, with its action and events, unless it exists:
+    /// then it returns [`BeginEffectOutcome::Existing`] without writing anything, so a completed
+    /// effect is never performed twice. An existing effect with a different kind, turn or request
+    /// is a [`StoreError::Conflict`].
+    async fn begin_effect(&self, begin: BeginEffect) -> Result<BeginEffectOutcome, StoreError>;
+
+    /// The effect `effect_id`; [`StoreError::NotFound`] if unknown.
+    async fn get_effect(&self, effect_id: &str) -> Result<Effect, StoreError>;
+
+    /// The session's effects, optionally only those in `status`, in journal order.
+    async fn list_effects(
+        &self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+    ) -> Result<Vec<Effect>, StoreError>;
+
+    /// Recovery after a crash or a takeover: under the caller's lease, every effect of the session
+    /// still [`EffectStatus::Invoking`] becomes [`EffectStatus::Uncertain`] with `reason` as its
+    /// error. For those of the active turn (unless the session is cancelled) the session becomes
+    /// [`crate::SessionStatus::Uncertain`] and an `effect.uncertain` event
+    /// (`{"effectId", "kind", "message"}`) is appended. Returns the effects changed.
+    async fn mark_in_flight_effects_uncertain(
+        &self,
+        fence: &Fence,
+        reason: &str,
+    ) -> Result<Vec<Effect>, StoreError>;
+
+    /// The action `action_id`; [`StoreError::NotFound`] if unknown.
+    async fn get_action(&self, action_id: &str) -> Result<Action, StoreError>;
+
+    /// Actions matching `filter`, oldest first.
+    async fn list_actions(&self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError>;
+
+    /// An executor claims a pending action: its generation increases, the claim gets a lease, and
+    /// an `action.claimed` event (`{"actionId", "generation"}`) is appended. A definition other
+    /// than the action's, an action not pending, or a session no longer on the action's turn
+    /// (or cancelled) is a [`StoreError::Conflict`].
+    async fn claim_action(&self, claim: ClaimAction) -> Result<ClaimedAction, StoreError>;
+
+    /// Extends a claim's lease. A claim that is not the current one, or that has expired, is
+    /// [`StoreError::StaleGeneration`].
+    async fn heartbeat_action(&self, heartbeat: HeartbeatAction) -> Result<Action, StoreError>;
+
+    /// Every claimed action whose lease expired becomes [`crate::ActionStatus::Uncertain`], with
+    /// its effect. For those of their session's active turn (unless cancelled) the session becomes
+    /// uncertain and an `action.uncertain` event (`{"actionId"}`) is appended. Returns the
+    /// actions changed.
+    async fn expire_action_claims(&self) -> Result<Vec<Action>, StoreError>;
+
+    /// Claims the oldest runnable session (status runnable or running) that no replica holds an
+    /// unexpired lease on, with `FOR UPDATE SKIP LOCKED` semantics: two replicas never win the
+    /// same session. The new lease has the next fencing generation. `None` when there is none.
+    ///
+    /// A session taken over while `running` may have effects in flight: call
+    /// [`Store::mark_in_flight_effects_uncertain`] before resuming it.
+    async fn claim_runnable_session(
+        &self,
+        replica_id: &str,
+        lease: Duration,
+    ) -> Result<Option<Lease>, StoreError>;
+
+    /// Takes ownership of one session whatever its status, if no other replica holds an
+    /// unexpired lease on it ([`StoreError::Conflict`] otherwise). If `replica_id` already holds
+    /// it, the lease is extended at the same generation.
+    async fn acquire_session(
+        &self,
+        session_id: &str,
+        replica_id: &str,
+        lease: Duration,
+    ) -> Result<Lease, StoreError>;
+
+    /// Extends a current, unexpired lease ([`StoreError::StaleGeneration`] otherwise).
+    async fn renew_lease(&self, fence: &Fence, lease: Duration) -> Result<Lease, StoreError>;
+
+    /// Gives up a lease so that another replica may claim the session at once. Releasing a lease
+    /// that was taken over is [`StoreError::StaleGeneration`].
+    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError>;
+
+    /// Deletes expired closed sessions (per tenant), prunes superseded checkpoints and
+    /// idempotency records older than the window. A deleted session takes its items, events,
+    /// checkpoints, effects and actions with it; its idempotency records stay for the window.
+    async fn apply_retention(
+        &self,
+        policy: &RetentionPolicy,
+    ) -> Result<RetentionReport, StoreError>;
+}

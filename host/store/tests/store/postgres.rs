@@ -1,0 +1,262 @@
+//! Tests of the PostgreSQL store alone: migrations shared by replicas, the `corral_` prefix,
+//! connection loss, and start-up failures.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use corral_store::testing::PgServer;
+use corral_store::{OpenStoreError, PostgresOptions, PostgresStore, Store, StoreError};
+use libtest_mimic::Trial;
+
+use crate::support::{Harness, Proxy, TestFuture, harness_trial, session};
+
+pub fn trials(harness: &Arc<Harness>) -> Vec<Trial> {
+    let trial = |name: &str, test: fn(Arc<Harness>) -> TestFuture| {
+        harness_trial(harness, &format!("postgres::{name}"), test)
+    };
+    vec![
+        trial("the_server_is_available", |h| {
+            Box::pin(the_server_is_available(h))
+        }),
+        trial("replicas_starting_together_migrate_once", |h| {
+            Box::pin(replicas_starting_together_migrate_once(h))
+        }),
+        trial("every_object_is_prefixed", |h| {
+            Box::pin(every_object_is_prefixed(h))
+        }),
+        trial("a_newer_schema_is_refused", |h| {
+            Box::pin(a_newer_schema_is_refused(h))
+        }),
+        trial("a_failing_migration_leaves_nothing_behind", |h| {
+            Box::pin(a_failing_migration_leaves_nothing_behind(h))
+        }),
+        trial("connection_loss_is_retryable_and_recovers", |h| {
+            Box::pin(connection_loss_is_retryable_and_recovers(h))
+        }),
+        trial("an_unreachable_database_is_unavailable", |_| {
+            Box::pin(an_unreachable_database_is_unavailable())
+        }),
+        trial("malformed_settings_are_rejected", |_| {
+            Box::pin(malformed_settings_are_rejected())
+        }),
+    ]
+}
+
+/// Fails, saying what is missing, when no server can be had: PostgreSQL tests never skip.
+async fn the_server_is_available(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let server: &PgServer = harness.postgres()?;
+    let (client, connection) = server.admin_config().connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    ensure!(!version.is_empty());
+    Ok(())
+}
+
+async fn replicas_starting_together_migrate_once(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let config = database.config.clone();
+            tokio::spawn(async move { PostgresStore::connect(PostgresOptions::new(config)).await })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for start in starts {
+        stores.push(start.await?.context("a replica failed to start")?);
+    }
+    let client = database.client().await?;
+    let rows = client
+        .query(
+            "SELECT version FROM corral_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await?;
+    let versions: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+    ensure!(versions == [1], "applied {versions:?}");
+    session(&stores[3], "s1").await?;
+    ensure!(
+        stores[0].get_session("s1").await?.id == "s1",
+        "replicas share the database"
+    );
+    for store in &stores {
+        store.close();
+    }
+    drop(client);
+    database.drop_database().await
+}
+
+async fn every_object_is_prefixed(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let store = database.connect().await?;
+    let client = database.client().await?;
+    let rows = client
+        .query(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'public'",
+            &[],
+        )
+        .await?;
+    let names: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    ensure!(names.len() > 8, "objects: {names:?}");
+    let unprefixed: Vec<&String> = names
+        .iter()
+        .filter(|name| !name.starts_with("corral_"))
+        .collect();
+    ensure!(
+        unprefixed.is_empty(),
+        "objects without the corral_ prefix: {unprefixed:?}"
+    );
+    store.close();
+    drop(client);
+    database.drop_database().await
+}
+
+async fn a_newer_schema_is_refused(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    database.connect().await?.close();
+    let client = database.client().await?;
+    client
+        .execute(
+            "INSERT INTO corral_schema_migrations (version, name, applied_at) \
+             VALUES (99, 'future', 0)",
+            &[],
+        )
+        .await?;
+    let outcome = PostgresStore::connect(PostgresOptions::new(database.config.clone())).await;
+    drop(client);
+    database.drop_database().await?;
+    match outcome {
+        Err(OpenStoreError::SchemaTooNew {
+            found: 99,
+            supported: 1,
+        }) => Ok(()),
+        Err(other) => bail!("expected SchemaTooNew, got {other:?}"),
+        Ok(_) => bail!("started against a newer schema"),
+    }
+}
+
+async fn a_failing_migration_leaves_nothing_behind(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let client = database.client().await?;
+    client
+        .batch_execute("CREATE VIEW corral_agents AS SELECT 1 AS agent_id")
+        .await?;
+    let outcome = PostgresStore::connect(PostgresOptions::new(database.config.clone())).await;
+    let left: i64 = client
+        .query_one(
+            "SELECT COUNT(*) FROM pg_class \
+             WHERE relname IN ('corral_sessions', 'corral_schema_migrations')",
+            &[],
+        )
+        .await?
+        .get(0);
+    drop(client);
+    database.drop_database().await?;
+    match outcome {
+        Err(OpenStoreError::Migration { version: 1, .. }) => {}
+        Err(other) => bail!("expected a failed migration, got {other:?}"),
+        Ok(_) => bail!("the migration should have failed"),
+    }
+    ensure!(left == 0, "the failed migration was rolled back entirely");
+    Ok(())
+}
+
+async fn connection_loss_is_retryable_and_recovers(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let host = database
+        .config
+        .get_hosts()
+        .first()
+        .and_then(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => Some(name.clone()),
+            _ => None,
+        })
+        .context("the test database must be reachable over TCP")?;
+    let port = database.config.get_ports().first().copied().unwrap_or(5432);
+    let upstream = tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .next()
+        .context("resolving the database host")?;
+    let mut proxy = Proxy::start(upstream).await?;
+    // A fresh configuration: `host` and `port` append to the existing lists.
+    let mut config = corral_store::PostgresConfig::new();
+    config
+        .host("127.0.0.1")
+        .port(proxy.address.port())
+        .connect_timeout(Duration::from_secs(2));
+    if let Some(user) = database.config.get_user() {
+        config.user(user);
+    }
+    if let Some(password) = database.config.get_password() {
+        config.password(password);
+    }
+    if let Some(name) = database.config.get_dbname() {
+        config.dbname(name);
+    }
+    let store = PostgresStore::connect(PostgresOptions::new(config).pool_size(2)).await?;
+    session(&store, "s1").await?;
+
+    proxy.cut().await;
+    // Every pooled connection is dead and new ones are refused: each call fails as retryable.
+    for attempt in 0..3 {
+        match store.get_session("s1").await {
+            Err(error @ StoreError::Unavailable { .. }) => {
+                ensure!(error.is_retryable(), "attempt {attempt}: not retryable");
+            }
+            other => bail!("attempt {attempt}: expected Unavailable, got {other:?}"),
+        }
+    }
+    match store.ping().await {
+        Err(StoreError::Unavailable { .. }) => {}
+        other => bail!("ping: expected Unavailable, got {other:?}"),
+    }
+
+    proxy.restore().await?;
+    let mut recovered = false;
+    for _ in 0..50 {
+        if store.get_session("s1").await.is_ok() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        recovered,
+        "the store did not recover once the database was back"
+    );
+    store.ping().await?;
+    store.close();
+    database.drop_database().await
+}
+
+async fn an_unreachable_database_is_unavailable() -> anyhow::Result<()> {
+    // A port nobody listens on: bound, then released.
+    let address: SocketAddr = {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        listener.local_addr()?
+    };
+    let options = PostgresOptions::from_url(&format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=2",
+        address.port()
+    ))?;
+    match PostgresStore::connect(options).await {
+        Err(OpenStoreError::Unavailable { .. }) => Ok(()),
+        Err(other) => bail!("expected Unavailable, got {other:?}"),
+        Ok(_) => bail!("connected to nothing"),
+    }
+}
+
+async fn malformed_settings_are_rejected() -> anyhow::Result<()> {
+    match PostgresOptions::from_url("postgres://user@host:notaport/db") {
+        Err(OpenStoreError::InvalidSettings { .. }) => {}
+        other => bail!("expected InvalidSettings, got {other:?}"),
+    }
+    let options = PostgresOptions::from_url("postgres://postgres@127.0.0.1/postgres")?.pool_size(0);
+    match PostgresStore::connect(options).await {
+        Err(OpenStoreError::InvalidSettings { .. }) => Ok(()),
+        Err(other) => bail!("expected InvalidSettings, got {other:?}"),
+        Ok(_) => bail!("a pool without connections was accepted"),
+    }
+}
