@@ -70,6 +70,9 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
                 ));
             };
             let args_json = args_json.to_string()?;
+            // The error a rejection will carry is created now, so its stack points at the
+            // script line that made the call rather than at the host's completion.
+            let site = Exception::from_message(ctx.clone(), "")?;
             let (promise, resolve, reject) = ctx.promise()?;
             let call_id = with_session(|session| {
                 let call_id = session.next_call_id;
@@ -79,6 +82,7 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
                     binding,
                     resolve: Persistent::save(&ctx, resolve),
                     reject: Persistent::save(&ctx, reject),
+                    site: Persistent::save(&ctx, site.into_object()),
                 });
                 call_id
             });
@@ -161,32 +165,25 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
             continue;
         };
         let settle = |call: PendingCall| -> quickjs::Result<()> {
+            let reject = |name: &str, message: &str, tool_call_id: &str| -> quickjs::Result<()> {
+                let error = call.site.clone().restore(ctx)?;
+                error.set("name", name)?;
+                error.set("message", message)?;
+                error.set("capability", capability.as_str())?;
+                error.set("toolCallId", tool_call_id)?;
+                call.reject.clone().restore(ctx)?.call::<_, ()>((error,))
+            };
             match completion.outcome {
                 Ok(CallValue::Json(text)) => match ctx.json_parse(text) {
                     Ok(value) => call.resolve.restore(ctx)?.call::<_, ()>((value,)),
                     Err(_) => {
                         let _ = ctx.catch();
-                        let error = make_error(
-                            ctx,
-                            "CapabilityError",
-                            &format!("{capability} returned a result that is not valid JSON"),
-                            &capability,
-                            "",
-                        )?;
-                        call.reject.restore(ctx)?.call::<_, ()>((error,))
+                        let message = format!("{capability} returned a result that is not valid JSON");
+                        reject("CapabilityError", &message, "")
                     }
                 },
                 Ok(CallValue::Text(text)) => call.resolve.restore(ctx)?.call::<_, ()>((text,)),
-                Err(error) => {
-                    let value = make_error(
-                        ctx,
-                        &error.name,
-                        &error.message,
-                        &capability,
-                        &error.tool_call_id,
-                    )?;
-                    call.reject.restore(ctx)?.call::<_, ()>((value,))
-                }
+                Err(error) => reject(&error.name, &error.message, &error.tool_call_id),
             }
         };
         if settle(call).is_err() {
@@ -195,21 +192,6 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
             let _ = ctx.catch();
         }
     }
-}
-
-fn make_error<'js>(
-    ctx: &Ctx<'js>,
-    name: &str,
-    message: &str,
-    capability: &str,
-    tool_call_id: &str,
-) -> quickjs::Result<Value<'js>> {
-    let error = Exception::from_message(ctx.clone(), message)?;
-    let object = error.as_object();
-    object.set("name", name)?;
-    object.set("capability", capability)?;
-    object.set("toolCallId", tool_call_id)?;
-    Ok(error.into_value())
 }
 
 /// `Some` once the script's promise has settled.
@@ -323,9 +305,10 @@ fn fix_stack(stack: &str) -> String {
         let (before, after) = rest.split_at(at + marker.len());
         out.push_str(before);
         let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        // QuickJS counts columns on the first line from 0 (and from 1 on every later line).
         match after[..digits].parse::<usize>() {
-            Ok(column) if column > SCRIPT_PREFIX.len() => {
-                out.push_str(&(column - SCRIPT_PREFIX.len()).to_string());
+            Ok(column) if column >= SCRIPT_PREFIX.len() => {
+                out.push_str(&(column - SCRIPT_PREFIX.len() + 1).to_string());
             }
             Ok(_) => out.push('1'),
             Err(_) => {}

@@ -16,7 +16,7 @@ mod boundary;
 
 use std::cell::{OnceCell, RefCell};
 
-use javy::quickjs::{Function, Persistent, Value};
+use javy::quickjs::{Function, Object, Persistent, Value};
 use javy::{Config, Runtime};
 
 wit_bindgen::generate!({
@@ -70,6 +70,8 @@ struct PendingCall {
     binding: u32,
     resolve: Persistent<Function<'static>>,
     reject: Persistent<Function<'static>>,
+    /// An `Error` created when the call started, so a rejection's stack shows the call site.
+    site: Persistent<Object<'static>>,
 }
 
 /// Creates the runtime and evaluates the prelude. Runs at build time under Wizer; also runs
