@@ -7,7 +7,6 @@ use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use corral_catalog::Catalog;
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
@@ -151,7 +150,7 @@ fn prepare(args: ExecArgs) -> Result<Prepared, Usage> {
         limits.fuel = fuel;
     }
     if let Some(ms) = args.timeout_ms {
-        limits.timeout = Duration::from_millis(ms);
+        limits.timeout_ms = ms;
     }
     if let Some(mb) = args.memory_mb {
         limits.memory_bytes = mb.saturating_mul(1 << 20);

@@ -94,7 +94,7 @@ impl CallTable {
             ));
             return;
         };
-        let input: Value = match serde_json::from_str(args_json) {
+        let input: Value = match crate::json::parse_guest_json(args_json) {
             Ok(Value::Array(items)) if items.len() == 1 => Value::Array(items),
             _ => {
                 self.ready.push(rejection(

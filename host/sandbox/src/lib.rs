@@ -69,6 +69,7 @@ mod calls;
 mod engine;
 pub mod examples;
 mod grants;
+mod json;
 mod limits;
 mod session;
 

@@ -17,8 +17,9 @@ pub struct SessionLimits {
     /// Fuel per script: a deterministic measure of guest work (roughly one unit per wasm
     /// instruction). Time spent waiting on capability calls costs no fuel.
     pub fuel: u64,
-    /// Wall-clock budget per script, covering guest work and waiting on calls alike.
-    pub timeout: Duration,
+    /// Wall-clock budget per script in milliseconds, covering guest work and waiting on calls
+    /// alike.
+    pub timeout_ms: u64,
     /// Cap on the guest's linear memory, in bytes (the whole QuickJS heap, stack and data).
     pub memory_bytes: u64,
     /// Calls allowed in flight at once; further calls wait in a queue until one completes.
@@ -37,7 +38,7 @@ impl Default for SessionLimits {
     fn default() -> Self {
         SessionLimits {
             fuel: 2_000_000_000,
-            timeout: Duration::from_secs(30),
+            timeout_ms: 30_000,
             memory_bytes: 64 << 20,
             max_concurrent_calls: 8,
             max_total_calls: 1_000,
@@ -55,7 +56,7 @@ impl Default for SessionLimits {
 pub enum Limit {
     /// [`SessionLimits::fuel`] ran out.
     Fuel,
-    /// [`SessionLimits::timeout`] passed.
+    /// [`SessionLimits::timeout_ms`] passed.
     Deadline,
     /// [`SessionLimits::memory_bytes`] would have been exceeded.
     Memory,

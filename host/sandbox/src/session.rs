@@ -2,7 +2,7 @@
 //! functions it calls.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corral_catalog::{Catalog, Redactor};
 use serde::{Deserialize, Serialize};
@@ -375,7 +375,7 @@ impl Sandbox {
                 redactor: options.redactor,
                 context: Arc::new(options.context),
             },
-            deadline: Instant::now() + limits.timeout,
+            deadline: Instant::now() + Duration::from_millis(limits.timeout_ms),
             script_id: String::new(),
             logs: Vec::new(),
             log_bytes: 0,
@@ -467,7 +467,7 @@ impl ExecutorSession {
             };
         }
 
-        let deadline = started + limits.timeout;
+        let deadline = started + Duration::from_millis(limits.timeout_ms);
         {
             let data = self.store.data_mut();
             data.calls.reset();
@@ -525,7 +525,7 @@ impl ExecutorSession {
                         ),
                     })
                 } else {
-                    serde_json::from_str(&json).map(Some).map_err(|e| {
+                    crate::json::parse_guest_json(&json).map(Some).map_err(|e| {
                         ExecError::GuestTrap(format!("the guest returned invalid JSON: {e}"))
                     })
                 }
@@ -655,7 +655,7 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
                 ),
             ));
         }
-        let fields = fields_json.and_then(|f| serde_json::from_str(&f).ok());
+        let fields = fields_json.and_then(|f| crate::json::parse_guest_json(&f).ok());
         self.logs.push(LogRecord {
             script_id: self.script_id.clone(),
             level: level_name(level).to_string(),

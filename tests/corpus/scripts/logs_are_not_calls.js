@@ -1,0 +1,3 @@
+// expect: {"ok": true, "stats": {"calls": 0}}
+console.log("one");
+log("info", "two");

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": {}}
+return await tools.examples.echo();

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": [null, "object"]}
+return [user, typeof user];

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": "a\ufffd"}
+return "a" + "\ud800";
