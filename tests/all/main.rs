@@ -1,1 +1,8 @@
-//! placeholder
+//! corral's cross-crate integration tests: the sandbox through its public API, with real
+//! backends (tokio tasks, timers) and the real guest under wasmtime. One module per topic.
+
+mod calls;
+mod concurrency;
+mod fuel;
+mod isolation;
+mod limits;

@@ -33,7 +33,11 @@ fn main() {
         Err(error) => panic!("cannot read {}: {error}", dir.display()),
     };
     files.sort();
-    assert!(files.len() >= 40, "the corpus lost scripts: only {} found", files.len());
+    assert!(
+        files.len() >= 40,
+        "the corpus lost scripts: only {} found",
+        files.len()
+    );
     let trials = files
         .into_iter()
         .map(|path| {
@@ -72,19 +76,27 @@ fn parse_header(source: &str) -> Result<Header, Failed> {
             "limits" => {
                 // Merge the given fields over the defaults.
                 let mut merged = serde_json::to_value(&limits).map_err(|e| e.to_string())?;
-                if let (Some(base), Value::Object(given)) = (merged.as_object_mut(), parse("limits")?) {
+                if let (Some(base), Value::Object(given)) =
+                    (merged.as_object_mut(), parse("limits")?)
+                {
                     base.extend(given);
                 }
                 limits = serde_json::from_value(merged).map_err(|e| format!("bad limits: {e}"))?;
             }
             "user" => {
-                user = Some(serde_json::from_value(parse("user")?).map_err(|e| format!("bad user: {e}"))?)
+                user = Some(
+                    serde_json::from_value(parse("user")?).map_err(|e| format!("bad user: {e}"))?,
+                )
             }
             _ => {}
         }
     }
     let expect = expect.ok_or("the script has no `// expect: {...}` header")?;
-    Ok(Header { expect, limits, user })
+    Ok(Header {
+        expect,
+        limits,
+        user,
+    })
 }
 
 fn run_trial(path: &Path) -> Result<(), Failed> {
@@ -114,7 +126,10 @@ fn run_trial(path: &Path) -> Result<(), Failed> {
 
         // Whatever the script did, the host must still run the next session.
         let mut next = sandbox()
-            .session(SessionOptions::new(Arc::new(example_catalog()), Arc::new(ExampleBackend)))
+            .session(SessionOptions::new(
+                Arc::new(example_catalog()),
+                Arc::new(ExampleBackend),
+            ))
             .await
             .map_err(|e| format!("the next session could not be created: {e}"))?;
         let after = next.run("return 41 + 1").await;

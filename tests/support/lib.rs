@@ -111,7 +111,10 @@ impl Backend for RecordingBackend {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 return Err(InvokeCapabilityError::Failed {
                     capability_id: invocation.capability_id,
-                    message: format!("only {} calls were ever in flight at once", self.max_in_flight.load(Ordering::SeqCst)),
+                    message: format!(
+                        "only {} calls were ever in flight at once",
+                        self.max_in_flight.load(Ordering::SeqCst)
+                    ),
                 });
             }
         }
@@ -144,7 +147,9 @@ pub fn json_contains(actual: Option<&Value>, expected: &Value) -> Result<(), Str
         if let Some(needle) = object.get("$contains").and_then(Value::as_str) {
             return match actual.and_then(Value::as_str) {
                 Some(text) if text.contains(needle) => Ok(()),
-                other => Err(format!("expected a string containing {needle:?}, found {other:?}")),
+                other => Err(format!(
+                    "expected a string containing {needle:?}, found {other:?}"
+                )),
             };
         }
     }
@@ -160,7 +165,11 @@ pub fn json_contains(actual: Option<&Value>, expected: &Value) -> Result<(), Str
         }
         (Value::Array(want), Value::Array(have)) => {
             if want.len() != have.len() {
-                return Err(format!("expected {} elements, found {}: {actual}", want.len(), have.len()));
+                return Err(format!(
+                    "expected {} elements, found {}: {actual}",
+                    want.len(),
+                    have.len()
+                ));
             }
             for (i, (want, have)) in want.iter().zip(have).enumerate() {
                 json_contains(Some(have), want).map_err(|e| format!("[{i}]: {e}"))?;

@@ -1,0 +1,368 @@
+//! `corral exec` as a user runs it: the real binary, real files, stdin, exit statuses, and a
+//! webhook backend served over a real socket.
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::Mutex;
+
+fn corral(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("corral starts");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input)
+            .expect("write stdin");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("corral finishes")
+}
+
+fn report(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON object ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+fn script_file(text: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new()
+        .suffix(".js")
+        .tempfile()
+        .expect("temp file");
+    file.write_all(text.as_bytes()).expect("write script");
+    file
+}
+
+fn path(file: &tempfile::NamedTempFile) -> &str {
+    file.path().to_str().expect("utf-8 path")
+}
+
+#[test]
+fn a_script_runs_and_reports_value_logs_and_stats() {
+    let script = script_file(
+        "console.log('hi');\nconst [a, b] = await Promise.all([tools.examples.echo({n: 1}), tools.examples.sleep({ms: 10})]);\nreturn {a, b, user};",
+    );
+    let output = corral(
+        &[
+            "exec",
+            path(&script),
+            "--user",
+            r#"{"id": "u1", "displayName": "Ada"}"#,
+        ],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(0));
+    let report = report(&output);
+    assert_eq!(report["ok"], true);
+    assert_eq!(
+        report["value"],
+        json!({"a": {"n": 1}, "b": {"slept_ms": 10}, "user": {"id": "u1", "email": null, "displayName": "Ada"}})
+    );
+    assert_eq!(report["logs"][0]["message"], "hi");
+    assert_eq!(report["logs"][0]["level"], "info");
+    let stats = &report["stats"];
+    assert_eq!(stats["calls"], 2);
+    for key in ["fuel", "wall_us", "peak_memory_bytes"] {
+        assert!(
+            stats[key].as_u64().is_some_and(|n| n > 0),
+            "{key} missing: {stats}"
+        );
+    }
+}
+
+#[test]
+fn undefined_results_have_no_value_key() {
+    let output = corral(&["exec", "-"], Some(b"const x = 1;"));
+    assert_eq!(output.status.code(), Some(0));
+    let report = report(&output);
+    assert_eq!(report["ok"], true);
+    assert!(report.get("value").is_none(), "{report}");
+}
+
+#[test]
+fn script_errors_exit_1_with_their_location() {
+    let output = corral(&["exec", "-"], Some(b"const a = 1;\nreturn a +;\n"));
+    assert_eq!(output.status.code(), Some(1));
+    let report = report(&output);
+    assert_eq!(report["ok"], false);
+    assert_eq!(
+        (
+            report["error"]["kind"].clone(),
+            report["error"]["name"].clone()
+        ),
+        (json!("script_error"), json!("SyntaxError"))
+    );
+    assert_eq!(
+        (
+            report["error"]["line"].clone(),
+            report["error"]["column"].clone()
+        ),
+        (json!(2), json!(11))
+    );
+}
+
+#[test]
+fn limit_flags_apply() {
+    let cases: [(&[&str], &str, &str); 4] = [
+        (&["--fuel", "1000000"], "while (true) {}", "fuel_exhausted"),
+        (
+            &["--timeout-ms", "100", "--fuel", "1000000000000"],
+            "for (;;) {}",
+            "deadline_exceeded",
+        ),
+        (
+            &["--memory-mb", "16"],
+            "const a = []; while (true) a.push('m'.repeat(1 << 16) + a.length);",
+            "memory_limit",
+        ),
+        (
+            &["--max-total-calls", "2"],
+            "for (let i = 0; i < 5; i++) await tools.examples.echo({});",
+            "too_many_calls",
+        ),
+    ];
+    for (flags, script, kind) in cases {
+        let mut args = vec!["exec", "-"];
+        args.extend_from_slice(flags);
+        let output = corral(&args, Some(script.as_bytes()));
+        assert_eq!(output.status.code(), Some(1), "{flags:?}");
+        assert_eq!(report(&output)["error"]["kind"], kind, "{flags:?}");
+    }
+}
+
+#[test]
+fn non_utf8_scripts_are_invalid_input() {
+    let output = corral(&["exec", "-"], Some(&[0x72, 0x65, 0xff, 0xfe]));
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(report(&output)["error"]["kind"], "invalid_input");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let catalog = script_file(
+        r#"{"capabilities": [{"id": "a.b", "input_schema": {"type": "object"}, "bogus": 1}]}"#,
+    );
+    let valid_catalog =
+        script_file(r#"{"capabilities": [{"id": "a.b", "input_schema": {"type": "object"}}]}"#);
+    let script = script_file("return 1");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["exec", path(&script), "--no-such-flag"],
+        vec!["exec", "/nonexistent/script.js"],
+        vec!["exec", path(&script), "--user", "{not json"],
+        vec![
+            "exec",
+            path(&script),
+            "--user",
+            r#"{"id": "u", "role": "admin"}"#,
+        ],
+        vec![
+            "exec",
+            path(&script),
+            "--catalog",
+            path(&catalog),
+            "--backend-url",
+            "http://127.0.0.1:9",
+        ],
+        vec!["exec", path(&script), "--catalog", path(&valid_catalog)],
+        vec![
+            "exec",
+            path(&script),
+            "--catalog",
+            path(&valid_catalog),
+            "--backend-url",
+            "ftp://x",
+        ],
+        vec!["exec", path(&script), "--max-concurrent-calls", "0"],
+        vec!["exec"],
+    ];
+    for args in cases {
+        let output = corral(&args, None);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.stdout.is_empty(),
+            "{args:?} printed a report on a usage error"
+        );
+        assert!(!output.stderr.is_empty(), "{args:?} gave no message");
+    }
+}
+
+/// What the webhook server saw.
+#[derive(Default)]
+struct Seen {
+    requests: Mutex<Vec<Value>>,
+    in_flight: AtomicU32,
+    max_in_flight: AtomicU32,
+}
+
+/// A minimal HTTP/1.1 server: one request per connection, JSON in and out.
+async fn serve(listener: tokio::net::TcpListener, seen: Arc<Seen>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let (head_end, length) = loop {
+                let n = stream.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+                if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    break (end + 4, length);
+                }
+            };
+            while buffer.len() < head_end + length {
+                let n = stream.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+            }
+            let request: Value =
+                serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap_or(Value::Null);
+            let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            seen.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            seen.requests.lock().await.push(request.clone());
+            let input = &request["input"][0];
+            if let Some(ms) = input["ms"].as_u64() {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+            let (status, body) = match request["capability_id"].as_str() {
+                Some("shop.orders.get") => (
+                    "200 OK",
+                    json!({"ok": true, "output": {"id": input["id"], "total": 42}}),
+                ),
+                Some("shop.orders.cancel") => (
+                    "200 OK",
+                    json!({"ok": false, "error": "order already shipped"}),
+                ),
+                _ => ("500 Internal Server Error", json!({"ok": false})),
+            };
+            let body = body.to_string();
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_backends_receive_each_call_as_json() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    let seen = Arc::new(Seen::default());
+    tokio::spawn(serve(listener, seen.clone()));
+
+    let catalog = script_file(
+        r#"{"capabilities": [
+            {"id": "shop.orders.get", "input_schema": {"type": "object", "properties": {"id": {"type": "string"}, "ms": {"type": "integer"}}, "required": ["id"]}},
+            {"id": "shop.orders.cancel", "input_schema": {"type": "object"}},
+            {"id": "shop.broken", "input_schema": {"type": "object"}}
+        ]}"#,
+    );
+    let script = script_file(
+        "const orders = await Promise.all(['a', 'b', 'c', 'd', 'e', 'f'].map(id => tools.shop.orders.get({id, ms: 50})));
+         const errors = [];
+         for (const call of [() => tools.shop.orders.cancel({id: 'a'}), () => tools.shop.broken({}), () => tools.shop.orders.get({})]) {
+           try { await call(); } catch (e) { errors.push([e.name, e.message]); }
+         }
+         return {orders: orders.map(o => o.id + ':' + o.total), errors};",
+    );
+    let args = [
+        "exec".to_string(),
+        path(&script).to_string(),
+        "--catalog".into(),
+        path(&catalog).to_string(),
+        "--backend-url".into(),
+        url,
+        "--max-concurrent-calls".into(),
+        "2".into(),
+    ];
+    let output = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        corral(&args, None)
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let report = report(&output);
+    assert_eq!(
+        report["value"]["orders"],
+        json!(["a:42", "b:42", "c:42", "d:42", "e:42", "f:42"])
+    );
+    let errors = &report["value"]["errors"];
+    assert_eq!(
+        errors[0],
+        json!([
+            "CapabilityError",
+            "shop.orders.cancel failed: order already shipped"
+        ])
+    );
+    assert_eq!(errors[1][0], "CapabilityError");
+    assert!(
+        errors[1][1]
+            .as_str()
+            .is_some_and(|m| m.contains("HTTP 500")),
+        "{errors}"
+    );
+    assert_eq!(errors[2][0], "ValidationError");
+
+    let requests = seen.requests.lock().await;
+    // The invalid call never reached the webhook.
+    assert_eq!(requests.len(), 8);
+    let first = &requests[0];
+    assert_eq!(first["capability_id"], "shop.orders.get");
+    assert!(first["input"].is_array() && first["input"].as_array().map(Vec::len) == Some(1));
+    assert!(
+        first["tool_call_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("exec:0:"))
+    );
+    assert_eq!(first["context"]["session_id"], "exec");
+    assert_eq!(
+        seen.max_in_flight.load(Ordering::SeqCst),
+        2,
+        "--max-concurrent-calls 2 was not honoured"
+    );
+}

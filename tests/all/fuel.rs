@@ -1,0 +1,129 @@
+//! Fuel is deterministic: the same script costs the same fuel in every fresh session, waiting
+//! costs nothing, and reference scripts stay within a few percent of their recorded budgets (so
+//! a regression in guest cost fails here).
+
+use std::sync::Arc;
+
+use corral_sandbox::{
+    Backend, Invocation, InvocationContext, InvokeCapabilityError, SessionLimits, ToolResult,
+};
+use corral_tests::{example_session, recording_catalog, session};
+
+async fn fuel_of(script: &str) -> u64 {
+    let mut session = example_session(SessionLimits::default()).await;
+    let report = session.run(script).await;
+    assert!(report.outcome.is_ok(), "{script}: {:?}", report.outcome);
+    report.stats.fuel
+}
+
+/// Reference scripts and the fuel they cost when recorded, with the guest built from this
+/// repository. Update the figures (and say why in the commit) when the guest changes on
+/// purpose; `corral exec` prints the fuel of any script.
+pub const REFERENCE_SCRIPTS: &[(&str, &str, u64)] = &[
+    ("return_1_plus_1", "return 1 + 1", 79_632),
+    (
+        "fib_20",
+        "function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2) } return fib(20)",
+        17_224_875,
+    ),
+    (
+        "json_roundtrip_10k",
+        "const doc = {items: Array.from({length: 200}, (_, i) => ({id: i, name: 'item ' + i, tags: ['a', 'b']}))};
+         return JSON.parse(JSON.stringify(doc)).items.length",
+        9_412_835,
+    ),
+    (
+        "sort_10k_numbers",
+        "let x = 1; const a = Array.from({length: 10000}, () => (x = (x * 48271) % 2147483647));
+         a.sort((p, q) => p - q); return a[0] <= a[9999]",
+        110_820_028,
+    ),
+    (
+        "string_building",
+        "let s = ''; for (let i = 0; i < 5000; i++) s += i.toString(36); return s.length",
+        27_663_576,
+    ),
+    (
+        "ten_tool_calls",
+        "let n = 0; for (let i = 0; i < 10; i++) n += (await tools.examples.echo({i})).i; return n",
+        1_031_871,
+    ),
+];
+
+/// How far a measurement may drift from its recorded figure.
+const TOLERANCE: f64 = 0.03;
+
+#[tokio::test]
+async fn the_same_script_costs_the_same_fuel_every_time() {
+    for (name, script, _) in REFERENCE_SCRIPTS {
+        let runs = [
+            fuel_of(script).await,
+            fuel_of(script).await,
+            fuel_of(script).await,
+        ];
+        assert!(runs[0] > 0, "{name} consumed no fuel");
+        assert!(
+            runs.iter().all(|f| *f == runs[0]),
+            "{name} varied: {runs:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn reference_scripts_stay_within_their_budgets() {
+    let mut report = String::new();
+    let mut failures = Vec::new();
+    for (name, script, recorded) in REFERENCE_SCRIPTS {
+        let fuel = fuel_of(script).await;
+        report.push_str(&format!("{name}: {fuel}\n"));
+        let drift = (fuel as f64 - *recorded as f64).abs() / (*recorded).max(1) as f64;
+        if drift > TOLERANCE {
+            failures.push(format!(
+                "{name}: {fuel} fuel, recorded {recorded} ({:+.1}%)",
+                drift * 100.0
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "fuel drifted:\n{}\nall measurements:\n{report}",
+        failures.join("\n")
+    );
+}
+
+/// Answers every call with `{}` after a fixed delay.
+struct Delayed(std::time::Duration);
+
+#[async_trait::async_trait]
+impl Backend for Delayed {
+    async fn invoke(
+        &self,
+        _context: &InvocationContext,
+        _invocation: Invocation,
+    ) -> Result<ToolResult, InvokeCapabilityError> {
+        tokio::time::sleep(self.0).await;
+        Ok(ToolResult::new(serde_json::json!({})))
+    }
+}
+
+#[tokio::test]
+async fn waiting_on_calls_costs_no_fuel() {
+    // The same script and results; only the time the backend takes differs.
+    let script = "await tools.test.record({}); await Promise.all([tools.test.record({}), tools.test.record({})]); return 1";
+    let mut fuel = Vec::new();
+    for ms in [1, 300] {
+        let backend = Arc::new(Delayed(std::time::Duration::from_millis(ms)));
+        let mut session = session(recording_catalog(), backend, SessionLimits::default()).await;
+        let report = session.run(script).await;
+        assert!(report.outcome.is_ok(), "{:?}", report.outcome);
+        fuel.push(report.stats.fuel);
+    }
+    assert_eq!(fuel[0], fuel[1], "fuel must measure guest work only");
+}
+
+#[tokio::test]
+async fn fuel_grows_with_work() {
+    let small = fuel_of("let s = 0; for (let i = 0; i < 1000; i++) s += i; return s").await;
+    let large = fuel_of("let s = 0; for (let i = 0; i < 100000; i++) s += i; return s").await;
+    assert!(large > small * 50, "small {small}, large {large}");
+}

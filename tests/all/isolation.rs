@@ -1,0 +1,144 @@
+//! What persists, what does not, and what reaches the realm only when granted.
+
+use std::sync::Arc;
+
+use corral_sandbox::examples::{ExampleBackend, example_catalog};
+use corral_sandbox::{ClockGrant, EntropyGrant, Grants, ScriptUser, SessionLimits, SessionOptions};
+use corral_tests::{example_session, sandbox};
+use serde_json::{Value, json};
+
+async fn run_with(grants: Grants, user: Option<ScriptUser>, script: &str) -> Value {
+    let options = SessionOptions {
+        grants,
+        user,
+        ..SessionOptions::new(Arc::new(example_catalog()), Arc::new(ExampleBackend))
+    };
+    let mut session = sandbox().session(options).await.expect("session");
+    let report = session.run(script).await;
+    match report.outcome {
+        Ok(Some(value)) => value,
+        other => panic!("{script}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn global_this_persists_within_a_session_only() {
+    let mut first = example_session(SessionLimits::default()).await;
+    first
+        .run("globalThis.counter = 1; globalThis.cache = {a: [1]}")
+        .await;
+    let report = first
+        .run("counter += 1; cache.a.push(2); return [counter, cache]")
+        .await;
+    assert_eq!(
+        report.outcome.ok().flatten(),
+        Some(json!([2, {"a": [1, 2]}]))
+    );
+
+    let mut second = example_session(SessionLimits::default()).await;
+    let report = second
+        .run("return [typeof globalThis.counter, typeof globalThis.cache]")
+        .await;
+    assert_eq!(
+        report.outcome.ok().flatten(),
+        Some(json!(["undefined", "undefined"]))
+    );
+}
+
+#[tokio::test]
+async fn the_clock_is_frozen_unless_granted() {
+    let frozen = run_with(Grants::default(), None, "return [Date.now(), Date.now()]").await;
+    assert_eq!(frozen, json!([0, 0]));
+
+    let chosen = Grants {
+        clock: ClockGrant::Frozen {
+            unix_ms: 1_700_000_000_000,
+        },
+        ..Grants::default()
+    };
+    let at = run_with(chosen, None, "return new Date().toISOString()").await;
+    assert_eq!(at, json!("2023-11-14T22:13:20.000Z"));
+
+    let real = Grants {
+        clock: ClockGrant::Real,
+        ..Grants::default()
+    };
+    let now = run_with(real, None, "return Date.now()").await;
+    let host_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
+    let guest_ms = now.as_f64().expect("a number");
+    assert!(
+        (guest_ms - host_ms).abs() < 60_000.0,
+        "guest {guest_ms} host {host_ms}"
+    );
+}
+
+#[tokio::test]
+async fn randomness_is_seeded_unless_granted() {
+    let script = "return [Math.random(), Math.random(), Math.random()]";
+    let seeded = |seed| Grants {
+        entropy: EntropyGrant::Seeded { seed },
+        ..Grants::default()
+    };
+    let a = run_with(seeded(7), None, script).await;
+    let b = run_with(seeded(7), None, script).await;
+    let c = run_with(seeded(8), None, script).await;
+    assert_eq!(a, b, "the same seed must give the same sequence");
+    assert_ne!(a, c, "different seeds must differ");
+
+    let host = Grants {
+        entropy: EntropyGrant::Host,
+        ..Grants::default()
+    };
+    let x = run_with(host.clone(), None, script).await;
+    let y = run_with(host, None, script).await;
+    assert_ne!(x, y, "granted entropy must differ between sessions");
+}
+
+#[tokio::test]
+async fn the_user_is_frozen_and_carries_only_display_fields() {
+    let user = ScriptUser {
+        id: "u-7".into(),
+        email: Some("grace@example.com".into()),
+        display_name: None,
+    };
+    let value = run_with(
+        Grants::default(),
+        Some(user),
+        "const attempts = [];
+         for (const f of [() => { user.id = 'x' }, () => { delete user.email }, () => { Object.setPrototypeOf(user, {admin: true}) }]) {
+           try { f(); attempts.push('allowed') } catch (e) { attempts.push(e.name) }
+         }
+         return [user, Object.keys(user), Object.isFrozen(user), attempts]",
+    )
+    .await;
+    assert_eq!(
+        value,
+        json!([
+            {"id": "u-7", "email": "grace@example.com", "displayName": null},
+            ["id", "email", "displayName"],
+            true,
+            ["TypeError", "TypeError", "TypeError"]
+        ])
+    );
+}
+
+#[tokio::test]
+async fn error_columns_on_the_first_line_ignore_the_wrapper() {
+    let mut session = example_session(SessionLimits::default()).await;
+    let report = session.run("let x = 1; x.y.z = 2;").await;
+    let error = report.to_json()["error"].clone();
+    assert_eq!(error["name"], "TypeError");
+    assert_eq!(
+        (error["line"].clone(), error["column"].clone()),
+        (json!(1), json!(12))
+    );
+    let report = session.run("return ;)").await;
+    let error = report.to_json()["error"].clone();
+    assert_eq!(
+        (error["line"].clone(), error["column"].clone()),
+        (json!(1), json!(9))
+    );
+}

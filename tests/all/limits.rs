@@ -1,0 +1,277 @@
+//! Every limit stops the script with its own typed error, says whether calls had started,
+//! discards the session, and leaves the host able to run the next session.
+
+use std::sync::Arc;
+
+use corral_sandbox::{ExecError, Limit, SandboxConfig, SessionLimits};
+use corral_tests::{RecordingBackend, example_session, recording_catalog, session};
+
+/// Runs `script` under `limits` and returns the limit error; then checks the session refuses
+/// further scripts and a new session works.
+async fn hit(limits: SessionLimits, script: &str) -> (Limit, u32) {
+    let mut session = example_session(limits).await;
+    let report = session.run(script).await;
+    let (limit, calls_started) = match report.outcome {
+        Err(ExecError::LimitExceeded {
+            limit,
+            calls_started,
+            ..
+        }) => (limit, calls_started),
+        other => panic!("expected a limit, got {other:?}"),
+    };
+    assert!(
+        session.is_discarded(),
+        "a session must not be reused after a limit"
+    );
+    let again = session.run("return 1").await;
+    assert!(
+        matches!(again.outcome, Err(ExecError::SessionDiscarded(_))),
+        "a discarded session ran another script: {:?}",
+        again.outcome
+    );
+    let mut next = example_session(SessionLimits::default()).await;
+    let ok = next.run("return [1, 2, 3].length").await;
+    assert_eq!(ok.outcome.ok().flatten(), Some(serde_json::json!(3)));
+    (limit, calls_started)
+}
+
+#[tokio::test]
+async fn infinite_loop_is_stopped_by_fuel() {
+    let limits = SessionLimits {
+        fuel: 10_000_000,
+        timeout_ms: 60_000,
+        ..SessionLimits::default()
+    };
+    assert_eq!(hit(limits, "while (true) {}").await, (Limit::Fuel, 0));
+}
+
+#[tokio::test]
+async fn infinite_loop_is_stopped_by_the_deadline() {
+    // Fuel would last for minutes; only the wall clock can stop this one.
+    let limits = SessionLimits {
+        fuel: u64::MAX / 2,
+        timeout_ms: 150,
+        ..SessionLimits::default()
+    };
+    let started = std::time::Instant::now();
+    assert_eq!(hit(limits, "for (;;) {}").await, (Limit::Deadline, 0));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn the_deadline_covers_waiting_on_a_call() {
+    let limits = SessionLimits {
+        timeout_ms: 100,
+        ..SessionLimits::default()
+    };
+    let (limit, calls) = hit(limits, "await tools.examples.sleep({ms: 10000}); return 1").await;
+    assert_eq!((limit, calls), (Limit::Deadline, 1));
+}
+
+#[tokio::test]
+async fn a_memory_bomb_is_stopped_at_the_cap() {
+    let limits = SessionLimits {
+        memory_bytes: 24 << 20,
+        ..SessionLimits::default()
+    };
+    let mut session = example_session(limits).await;
+    let report = session
+        .run("const hoard = []; while (true) hoard.push('x'.repeat(65536) + hoard.length);")
+        .await;
+    assert!(matches!(
+        report.outcome,
+        Err(ExecError::LimitExceeded {
+            limit: Limit::Memory,
+            ..
+        })
+    ));
+    assert!(report.stats.peak_memory_bytes <= 24 << 20);
+    assert!(
+        report.stats.peak_memory_bytes > 16 << 20,
+        "the bomb never got near the cap"
+    );
+}
+
+#[tokio::test]
+async fn a_bigger_memory_cap_lets_the_same_script_finish() {
+    let script = "const a = []; for (let i = 0; i < 200; i++) a.push('x'.repeat(65536) + i); return a.length";
+    let small = SessionLimits {
+        memory_bytes: 8 << 20,
+        ..SessionLimits::default()
+    };
+    assert_eq!(hit(small, script).await.0, Limit::Memory);
+    let big = SessionLimits {
+        memory_bytes: 64 << 20,
+        ..SessionLimits::default()
+    };
+    let report = example_session(big).await.run(script).await;
+    assert_eq!(report.outcome.ok().flatten(), Some(serde_json::json!(200)));
+}
+
+#[tokio::test]
+async fn unbounded_recursion_is_a_stack_overflow() {
+    let script = "function down(n) { return down(n + 1) + 1 } return down(0)";
+    assert_eq!(
+        hit(SessionLimits::default(), script).await,
+        (Limit::Stack, 0)
+    );
+}
+
+#[tokio::test]
+async fn the_stack_limit_bounds_recursion_depth() {
+    // 1,500 frames fit in the default stack but not in a 256 KiB one.
+    let script = "function depth(n) { return n === 0 ? 0 : 1 + depth(n - 1) } return depth(1500)";
+    let report = example_session(SessionLimits::default())
+        .await
+        .run(script)
+        .await;
+    assert_eq!(report.outcome.ok().flatten(), Some(serde_json::json!(1500)));
+
+    let small = corral_sandbox::Sandbox::new(SandboxConfig {
+        max_stack_bytes: 256 << 10,
+        max_sessions: 4,
+        ..SandboxConfig::default()
+    })
+    .expect("a sandbox with a small stack");
+    let options = corral_sandbox::SessionOptions::new(
+        Arc::new(corral_sandbox::examples::example_catalog()),
+        Arc::new(corral_sandbox::examples::ExampleBackend),
+    );
+    let mut session = small.session(options).await.expect("a session");
+    let report = session.run(script).await;
+    assert!(
+        matches!(
+            report.outcome,
+            Err(ExecError::LimitExceeded {
+                limit: Limit::Stack,
+                ..
+            })
+        ),
+        "{:?}",
+        report.outcome
+    );
+}
+
+#[tokio::test]
+async fn total_calls_are_capped() {
+    let limits = SessionLimits {
+        max_total_calls: 4,
+        ..SessionLimits::default()
+    };
+    let script = "for (let i = 0; i < 100; i++) await tools.examples.echo({i}); return 'done'";
+    assert_eq!(hit(limits, script).await, (Limit::TotalCalls, 4));
+}
+
+#[tokio::test]
+async fn total_calls_are_counted_per_script() {
+    let limits = SessionLimits {
+        max_total_calls: 3,
+        ..SessionLimits::default()
+    };
+    let mut session = example_session(limits).await;
+    for _ in 0..3 {
+        let report = session
+            .run("for (let i = 0; i < 3; i++) await tools.examples.echo({i}); return 1")
+            .await;
+        assert!(report.outcome.is_ok(), "{:?}", report.outcome);
+        assert_eq!(report.stats.calls, 3);
+    }
+}
+
+#[tokio::test]
+async fn the_backend_never_sees_more_calls_than_the_cap() {
+    let backend = Arc::new(RecordingBackend::default());
+    let limits = SessionLimits {
+        max_total_calls: 5,
+        ..SessionLimits::default()
+    };
+    let mut session = session(recording_catalog(), backend.clone(), limits).await;
+    let report = session
+        .run("await Promise.all(Array.from({length: 40}, (_, i) => tools.test.record({i})))")
+        .await;
+    assert!(matches!(
+        report.outcome,
+        Err(ExecError::LimitExceeded {
+            limit: Limit::TotalCalls,
+            ..
+        })
+    ));
+    assert!(
+        backend.calls() <= 5,
+        "the backend saw {} calls",
+        backend.calls()
+    );
+}
+
+#[tokio::test]
+async fn oversized_results_are_refused() {
+    let limits = SessionLimits {
+        max_result_bytes: 10_000,
+        ..SessionLimits::default()
+    };
+    assert_eq!(
+        hit(limits, "return {data: 'y'.repeat(20000)}").await,
+        (Limit::ResultSize, 0)
+    );
+}
+
+#[tokio::test]
+async fn oversized_logs_are_refused() {
+    let limits = SessionLimits {
+        max_log_bytes: 4_096,
+        ..SessionLimits::default()
+    };
+    let script = "await tools.examples.echo({}); for (let i = 0; i < 1000; i++) console.log('z'.repeat(100))";
+    assert_eq!(hit(limits, script).await, (Limit::LogSize, 1));
+}
+
+#[tokio::test]
+async fn scripts_over_the_size_limit_are_not_run() {
+    let limits = SessionLimits {
+        max_script_bytes: 64,
+        ..SessionLimits::default()
+    };
+    let mut session = example_session(limits).await;
+    let report = session.run(&format!("return '{}'", "a".repeat(100))).await;
+    assert_eq!(
+        report.outcome.err().map(|e| e.kind()),
+        Some("invalid_input")
+    );
+    // Refusing a script is not a failure of the session.
+    assert!(!session.is_discarded());
+    assert_eq!(
+        session.run("return 2").await.outcome.ok().flatten(),
+        Some(serde_json::json!(2))
+    );
+}
+
+#[tokio::test]
+async fn a_script_error_does_not_discard_the_session() {
+    let mut session = example_session(SessionLimits::default()).await;
+    let report = session
+        .run("globalThis.kept = 7; throw new Error('boom')")
+        .await;
+    assert_eq!(report.outcome.err().map(|e| e.kind()), Some("script_error"));
+    assert!(!session.is_discarded());
+    let report = session.run("return kept").await;
+    assert_eq!(report.outcome.ok().flatten(), Some(serde_json::json!(7)));
+}
+
+#[tokio::test]
+async fn memory_above_the_sandbox_maximum_is_refused() {
+    let options = corral_sandbox::SessionOptions {
+        limits: SessionLimits {
+            memory_bytes: u64::MAX,
+            ..SessionLimits::default()
+        },
+        ..corral_sandbox::SessionOptions::new(
+            Arc::new(corral_sandbox::examples::example_catalog()),
+            Arc::new(corral_sandbox::examples::ExampleBackend),
+        )
+    };
+    let error = corral_tests::sandbox().session(options).await.err();
+    assert!(matches!(
+        error,
+        Some(corral_sandbox::CreateSessionError::InvalidOptions(_))
+    ));
+}
