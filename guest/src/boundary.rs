@@ -61,15 +61,14 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
     Function::new(
         ctx.clone(),
         |ctx: Ctx<'js>, binding: u32, input: Value<'js>| -> quickjs::Result<Promise<'js>> {
-            let args = Array::new(ctx.clone())?;
-            args.set(0, input)?;
-            let Some(args_json) = ctx.json_stringify(args)? else {
+            let Some(input_json) = ctx.json_stringify(input)? else {
                 return Err(Exception::throw_type(
                     &ctx,
                     "the argument cannot be serialized as JSON",
                 ));
             };
-            let args_json = args_json.to_string()?;
+            // The positional argument array, without building a JavaScript array for it.
+            let args_json = format!("[{}]", input_json.to_string()?);
             // The error a rejection will carry is created now, so its stack points at the
             // script line that made the call rather than at the host's completion.
             let site = Exception::from_message(ctx.clone(), "")?;
@@ -108,23 +107,74 @@ pub(crate) fn log_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> 
     )
 }
 
+/// Resolves each binding's JS path (none means the id split on `.`) and rejects bindings that
+/// would collide under `tools`: a path that is a prefix of another, two bindings at one path,
+/// or a canonical id (`tools["a.b"]`) that lands on another binding's path.
+pub(crate) fn resolve_bindings(
+    bindings: Vec<Binding>,
+) -> Result<Vec<(String, Vec<String>)>, String> {
+    use std::collections::HashMap;
+    let mut resolved = Vec::with_capacity(bindings.len());
+    // Every occupied path -> (binding index, whether it is a function or a namespace).
+    let mut occupied: HashMap<Vec<String>, (usize, bool)> = HashMap::new();
+    let mut claim = |path: Vec<String>, index: usize, id: &str| -> Result<(), String> {
+        for end in 1..path.len() {
+            match occupied.get(&path[..end]) {
+                Some((other, true)) => {
+                    return Err(format!(
+                        "capability {id}: its path runs through capability #{other}'s function"
+                    ));
+                }
+                Some((_, false)) => {}
+                None => {
+                    occupied.insert(path[..end].to_vec(), (index, false));
+                }
+            }
+        }
+        match occupied.get(&path) {
+            // Only the same function may be bound twice at one place (its id and its path).
+            Some((other, true)) if *other == index => Ok(()),
+            Some((other, _)) => Err(format!(
+                "capability {id}: {} is already taken by capability #{other}",
+                path.join(".")
+            )),
+            None => {
+                occupied.insert(path, (index, true));
+                Ok(())
+            }
+        }
+    };
+    for (index, binding) in bindings.into_iter().enumerate() {
+        let path: Vec<String> = match binding.js_path {
+            Some(path) => path,
+            None => binding.id.split('.').map(str::to_string).collect(),
+        };
+        if path.is_empty() || path.iter().any(String::is_empty) {
+            return Err(format!(
+                "capability {}: its JS path has an empty part",
+                binding.id
+            ));
+        }
+        claim(path.clone(), index, &binding.id)?;
+        if path.len() != 1 || path[0] != binding.id {
+            claim(vec![binding.id.clone()], index, &binding.id)?;
+        }
+        resolved.push((binding.id, path));
+    }
+    Ok(resolved)
+}
+
 pub(crate) fn bindings_to_js<'js>(
     ctx: &Ctx<'js>,
-    bindings: &[Binding],
+    bindings: &[(String, Vec<String>)],
 ) -> quickjs::Result<Array<'js>> {
     let list = Array::new(ctx.clone())?;
-    for (index, binding) in bindings.iter().enumerate() {
+    for (index, (id, js_path)) in bindings.iter().enumerate() {
         let entry = Array::new(ctx.clone())?;
-        entry.set(0, binding.id.as_str())?;
+        entry.set(0, id.as_str())?;
         let path = Array::new(ctx.clone())?;
-        for (i, part) in binding.js_path.iter().enumerate() {
+        for (i, part) in js_path.iter().enumerate() {
             path.set(i, part.as_str())?;
-        }
-        if binding.js_path.is_empty() || binding.js_path.iter().any(String::is_empty) {
-            return Err(Exception::throw_type(
-                ctx,
-                &format!("capability {}: js path must be non-empty parts", binding.id),
-            ));
         }
         entry.set(1, path)?;
         list.set(index, entry)?;
@@ -132,14 +182,47 @@ pub(crate) fn bindings_to_js<'js>(
     Ok(list)
 }
 
+/// The native behind the lazily built `tools` and `user`: `[bindings, user]`.
+pub(crate) fn session_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
+    Function::new(
+        ctx.clone(),
+        |ctx: Ctx<'js>| -> quickjs::Result<Array<'js>> {
+            let (initialized, bindings, user) = with_session(|session| {
+                (
+                    session.initialized,
+                    session.bindings.clone(),
+                    session.user.clone(),
+                )
+            });
+            if !initialized {
+                return Err(Exception::throw_internal(
+                    &ctx,
+                    "tools and user were read before session.init",
+                ));
+            }
+            let state = Array::new(ctx.clone())?;
+            state.set(0, bindings_to_js(&ctx, &bindings)?)?;
+            state.set(1, user_to_js(&ctx, user.as_ref())?)?;
+            Ok(state)
+        },
+    )
+}
+
 pub(crate) fn user_to_js<'js>(ctx: &Ctx<'js>, user: Option<&User>) -> quickjs::Result<Value<'js>> {
     let Some(user) = user else {
         return Ok(Value::new_null(ctx.clone()));
     };
+    // Absent fields are `null`, not `undefined`, so the user serializes with all three keys.
+    let text_or_null = |text: Option<&str>| -> quickjs::Result<Value<'js>> {
+        match text {
+            Some(text) => quickjs::String::from_str(ctx.clone(), text).map(|s| s.into_value()),
+            None => Ok(Value::new_null(ctx.clone())),
+        }
+    };
     let object = Object::new(ctx.clone())?;
     object.set("id", user.id.as_str())?;
-    object.set("email", user.email.as_deref())?;
-    object.set("displayName", user.display_name.as_deref())?;
+    object.set("email", text_or_null(user.email.as_deref())?)?;
+    object.set("displayName", text_or_null(user.display_name.as_deref())?)?;
     Ok(object.into_value())
 }
 
@@ -153,9 +236,9 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 .position(|p| p.call_id == completion.call_id)?;
             let call = session.pending.swap_remove(position);
             let id = session
-                .binding_ids
+                .bindings
                 .get(call.binding as usize)
-                .cloned()
+                .map(|(id, _)| id.clone())
                 .unwrap_or_default();
             Some((call, id))
         });
@@ -178,7 +261,8 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                     Ok(value) => call.resolve.restore(ctx)?.call::<_, ()>((value,)),
                     Err(_) => {
                         let _ = ctx.catch();
-                        let message = format!("{capability} returned a result that is not valid JSON");
+                        let message =
+                            format!("{capability} returned a result that is not valid JSON");
                         reject("CapabilityError", &message, "")
                     }
                 },

@@ -53,11 +53,15 @@ thread_local! {
 /// Per-session state that native functions read and write.
 #[derive(Default)]
 struct SessionState {
-    /// The prelude's `setup(bindings, user)` function, consumed by `session.init`.
-    setup: Option<Persistent<Function<'static>>>,
+    /// The prelude's warm-up function, used only while pre-initializing. Kept alive for good:
+    /// dropping the last reference to a prelude closure would free part of its graph, writing to
+    /// (and so copying) pages of the snapshot in every session.
+    warm_up: Option<Persistent<Function<'static>>>,
     initialized: bool,
-    /// Ids of the bound capabilities, by binding index (for error objects).
-    binding_ids: Vec<String>,
+    /// The bound capabilities, by binding index: id and resolved JS path.
+    bindings: Vec<(String, Vec<String>)>,
+    /// The user given to `init`, turned into the frozen `user` on first read.
+    user: Option<crate::corral::sandbox::types::User>,
     /// Calls started and not completed yet.
     pending: Vec<PendingCall>,
     next_call_id: u32,
@@ -85,7 +89,7 @@ fn create_runtime() -> Runtime {
         Ok(runtime) => runtime,
         Err(error) => panic!("creating the QuickJS runtime failed: {error}"),
     };
-    let setup = runtime.context().with(|ctx| -> Result<_, String> {
+    let warm = runtime.context().with(|ctx| -> Result<_, String> {
         boundary::install_random(&ctx).map_err(|e| e.to_string())?;
         let prelude: Function = ctx
             .eval_with_options(
@@ -95,16 +99,59 @@ fn create_runtime() -> Runtime {
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
         let call = boundary::call_native(&ctx).map_err(|e| e.to_string())?;
         let log = boundary::log_native(&ctx).map_err(|e| e.to_string())?;
-        let setup: Function = prelude
-            .call((call, log))
+        let session = boundary::session_native(&ctx).map_err(|e| e.to_string())?;
+        let warm: Function = prelude
+            .call((call, log, session))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
-        Ok(Persistent::save(&ctx, setup))
+        Ok(Persistent::save(&ctx, warm))
     });
-    match setup {
-        Ok(setup) => with_session(|session| session.setup = Some(setup)),
+    match warm {
+        Ok(warm) => with_session(|session| session.warm_up = Some(warm)),
         Err(error) => panic!("evaluating the prelude failed: {error}"),
     }
+    warm_up(&runtime);
     runtime
+}
+
+/// Runs, once, what QuickJS would otherwise initialize lazily in every session: the global
+/// constructors it creates on first access, and the parser's, compiler's and job queue's first
+/// allocations for a script shaped like a user's. Under Wizer this lands in the snapshot.
+fn warm_up(runtime: &Runtime) {
+    let warmed = runtime.context().with(|ctx| -> javy::quickjs::Result<()> {
+        ctx.eval::<(), _>(
+            // `tools` and `user` are skipped: reading them would build (and cache) them before
+            // any session exists.
+            "for (const key of Reflect.ownKeys(globalThis)) { if (key !== 'tools' && key !== 'user') void globalThis[key]; }",
+        )?;
+        // The binding code, on sample bindings and a user, without defining anything.
+        if let Some(warm) = with_session(|session| session.warm_up.clone()) {
+            let sample = [
+                ("warm.up.one".to_string(), vec!["warm".into(), "up".into(), "one".into()]),
+                ("warm.two".to_string(), vec!["warm".into(), "two".into()]),
+            ];
+            let user = crate::corral::sandbox::types::User {
+                id: "warm-up".into(),
+                email: None,
+                display_name: Some("Warm Up".into()),
+            };
+            let bindings = boundary::bindings_to_js(&ctx, &sample)?;
+            let user = boundary::user_to_js(&ctx, Some(&user))?;
+            warm.restore(&ctx)?.call::<_, ()>((bindings, user))?;
+        }
+        // The script's promise settles when the jobs run below; its value is not needed.
+        let _promise: Value = ctx.eval_with_options(
+            boundary::wrap_script("const o = {a: [1, 'two']}; return JSON.parse(JSON.stringify(o));"),
+            boundary::eval_options(SCRIPT_FILE_NAME),
+        )?;
+        Ok(())
+    });
+    if let Err(error) = warmed.and_then(|()| {
+        runtime
+            .resolve_pending_jobs()
+            .map_err(|_| javy::quickjs::Error::Unknown)
+    }) {
+        panic!("warming up the runtime failed: {error}");
+    }
 }
 
 fn with_runtime<R>(f: impl FnOnce(&Runtime) -> R) -> R {
@@ -125,30 +172,17 @@ struct Component;
 
 impl Guest for Component {
     fn init(config: SessionConfig) -> Result<(), String> {
-        with_runtime(|runtime| {
-            let setup = with_session(|session| {
-                if session.initialized {
-                    return None;
-                }
-                session.initialized = true;
-                // xorshift64* must not start at zero.
-                session.random_state = config.random_seed | 1;
-                session.binding_ids = config.bindings.iter().map(|b| b.id.clone()).collect();
-                session.setup.take()
-            });
-            let Some(setup) = setup else {
+        let bindings = boundary::resolve_bindings(config.bindings)?;
+        with_session(|session| {
+            if session.initialized {
                 return Err("session.init was already called for this instance".to_string());
-            };
-            runtime.context().with(|ctx| {
-                let setup = setup.restore(&ctx).map_err(|e| e.to_string())?;
-                let bindings = boundary::bindings_to_js(&ctx, &config.bindings)
-                    .map_err(|e| boundary::describe_exception(&ctx, e))?;
-                let user = boundary::user_to_js(&ctx, config.user.as_ref())
-                    .map_err(|e| boundary::describe_exception(&ctx, e))?;
-                setup
-                    .call::<_, ()>((bindings, user))
-                    .map_err(|e| boundary::describe_exception(&ctx, e))
-            })
+            }
+            session.initialized = true;
+            // xorshift64* must not start at zero.
+            session.random_state = config.random_seed | 1;
+            session.bindings = bindings;
+            session.user = config.user;
+            Ok(())
         })
     }
 

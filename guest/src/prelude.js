@@ -1,8 +1,9 @@
 // The realm's prelude, evaluated once while the guest is pre-initialized (before any user code
-// exists). It returns a setup function that captures the intrinsics it needs, so scripts that
-// later replace `Object.freeze`, `JSON.stringify` or a prototype method cannot change how
-// `tools`, `user`, `console` and `log` behave.
-(function (callNative, logNative) {
+// exists). It captures the intrinsics it needs, so scripts that later replace `Object.freeze`,
+// `JSON.stringify` or a prototype method cannot change how `tools`, `user`, `console` and `log`
+// behave, and defines those four globals. `tools` and `user` are built the first time a script
+// reads them, from what `sessionNative()` returns; sessions that never use them pay nothing.
+(function (callNative, logNative, sessionNative) {
   "use strict";
   const { freeze, defineProperty, getPrototypeOf, create, keys } = Object;
   const isArray = Array.isArray;
@@ -90,9 +91,12 @@
     return freeze(fn);
   }
 
+  // Indexed loops only: `for...of` would call Array.prototype[Symbol.iterator], which a script
+  // may have replaced before it first reads `tools`.
   function deepFreeze(value) {
     if (value !== null && typeof value === "object") {
-      for (const key of keys(value)) deepFreeze(value[key]);
+      const names = keys(value);
+      for (let i = 0; i < names.length; i++) deepFreeze(value[names[i]]);
       freeze(value);
     }
     return value;
@@ -102,11 +106,19 @@
     defineProperty(globalThis, name, { value, writable: false, enumerable: false, configurable: false });
   }
 
-  // Called once per session with the bindings ([[id, [parts...]], ...]) and the user (or null).
-  return function setup(bindings, user) {
+  // `console` and `log` do not depend on the session, so they are defined now, while the guest
+  // is pre-initialized, and every session starts with them.
+  define("console", console);
+  define("log", log);
+
+  // Builds the `tools` object from the bindings ([[id, [parts...]], ...]); pure, so it can also
+  // be run on sample bindings while the guest is pre-initialized, to warm its code paths.
+  function buildTools(bindings) {
     const tools = create(null);
     for (let index = 0; index < bindings.length; index++) {
-      const [id, path] = bindings[index];
+      const binding = bindings[index];
+      const id = binding[0];
+      const path = binding[1];
       const fn = bindCapability(index, id);
       let node = tools;
       for (let i = 0; i < path.length - 1; i++) {
@@ -127,9 +139,35 @@
         throw new ErrorCtor(`capability ${id}: canonical id collides with a js path`);
       }
     }
-    define("tools", deepFreeze(tools));
-    define("user", user === null ? null : deepFreeze(user));
-    define("console", console);
-    define("log", log);
+    return deepFreeze(tools);
+  }
+
+  // Read-only globals whose value is computed on first read. Without a setter, assigning to
+  // them throws in strict mode (scripts run in strict mode); they cannot be redefined.
+  let session = null;
+  function sessionValue(name) {
+    if (session === null) {
+      const state = sessionNative();
+      const user = state[1];
+      session = freeze({ tools: buildTools(state[0]), user: user === null ? null : deepFreeze(user) });
+    }
+    return session[name];
+  }
+  defineProperty(globalThis, "tools", {
+    get: freeze(function tools() { return sessionValue("tools"); }),
+    enumerable: false,
+    configurable: false,
+  });
+  defineProperty(globalThis, "user", {
+    get: freeze(function user() { return sessionValue("user"); }),
+    enumerable: false,
+    configurable: false,
+  });
+
+  // For the pre-initialization warm-up only: builds tools and a user from samples, so those
+  // code paths are warm in the snapshot, and defines nothing.
+  return function warmUp(bindings, user) {
+    buildTools(bindings);
+    deepFreeze(user);
   };
 })

@@ -6,6 +6,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use corral_catalog::{Catalog, Redactor};
+use std::future::Future as _;
+
 use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::task::JoinSet;
@@ -32,6 +34,32 @@ struct FinishedCall {
     binding: usize,
     tool_call_id: String,
     result: Result<ToolResult, InvokeCapabilityError>,
+}
+
+/// Runs one call on its backend. A backend that panics fails its call instead of leaving the
+/// script waiting.
+async fn run_call(
+    backend: Arc<dyn Backend>,
+    context: Arc<InvocationContext>,
+    call: QueuedCall,
+) -> FinishedCall {
+    let tool_call_id = call.invocation.tool_call_id.clone();
+    let capability_id = call.invocation.capability_id.clone();
+    let result = AssertUnwindSafe(backend.invoke(&context, call.invocation))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| {
+            Err(InvokeCapabilityError::Failed {
+                capability_id,
+                message: "the backend panicked".into(),
+            })
+        });
+    FinishedCall {
+        call_id: call.call_id,
+        binding: call.binding,
+        tool_call_id,
+        result,
+    }
 }
 
 /// Calls of the script that is running now.
@@ -128,34 +156,31 @@ impl CallTable {
     }
 
     /// Starts queued calls while fewer than the bound are in flight.
+    ///
+    /// Each call is polled once right here: a backend that answers without waiting (a cache,
+    /// an in-process computation) completes without a task, a thread hop or a wake-up. Only
+    /// calls that actually wait become tasks.
     fn pump(&mut self, env: &CallEnvironment) {
         while self.running.len() < self.max_concurrent {
             let Some(call) = self.queued.pop_front() else {
                 break;
             };
-            let backend = Arc::clone(&env.backend);
-            let context = Arc::clone(&env.context);
-            self.running.spawn(async move {
-                let tool_call_id = call.invocation.tool_call_id.clone();
-                let capability_id = call.invocation.capability_id.clone();
-                // A backend that panics fails its call instead of leaving the script waiting.
-                let result = AssertUnwindSafe(backend.invoke(&context, call.invocation))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(InvokeCapabilityError::Failed {
-                            capability_id,
-                            message: "the backend panicked".into(),
-                        })
-                    });
-                FinishedCall {
-                    call_id: call.call_id,
-                    binding: call.binding,
-                    tool_call_id,
-                    result,
+            self.peak_in_flight = self.peak_in_flight.max(self.running.len() as u32 + 1);
+            let mut call = Box::pin(run_call(
+                Arc::clone(&env.backend),
+                Arc::clone(&env.context),
+                call,
+            ));
+            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+            match call.as_mut().poll(&mut context) {
+                std::task::Poll::Ready(finished) => {
+                    let completion = completion(env, finished);
+                    self.ready.push(completion);
                 }
-            });
-            self.peak_in_flight = self.peak_in_flight.max(self.running.len() as u32);
+                std::task::Poll::Pending => {
+                    self.running.spawn(call);
+                }
+            }
         }
     }
 

@@ -202,6 +202,12 @@ fn engine_config(config: &SandboxConfig) -> Config {
         .max_memories_per_component(MEMORIES_PER_SESSION)
         .max_tables_per_component(TABLES_PER_SESSION)
         .max_memory_size(usize::try_from(config.max_memory_bytes).unwrap_or(usize::MAX));
+    if let Some(bytes) = std::env::var("CORRAL_EXPERIMENT_KEEP_RESIDENT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        pool.linear_memory_keep_resident(bytes);
+    }
     engine.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     engine
 }

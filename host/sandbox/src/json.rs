@@ -42,7 +42,9 @@ fn replace_lone_surrogates(text: &str) -> Cow<'_, str> {
             continue;
         };
         let paired = match unit {
-            0xD800..=0xDBFF => escape_at(i + 6).is_some_and(|next| (0xDC00..=0xDFFF).contains(&next)),
+            0xD800..=0xDBFF => {
+                escape_at(i + 6).is_some_and(|next| (0xDC00..=0xDFFF).contains(&next))
+            }
             0xDC00..=0xDFFF => false,
             _ => true,
         };

@@ -349,7 +349,8 @@ impl Sandbox {
             .iter()
             .map(|c| Binding {
                 id: c.id.clone(),
-                js_path: c.js_path.clone(),
+                js_path: (c.js_path.iter().map(String::as_str).ne(c.id.split('.')))
+                    .then(|| c.js_path.clone()),
             })
             .collect();
         let session_config = SessionConfig {
