@@ -1,0 +1,356 @@
+//! The Markdown report: every workload side by side with ratios, the targets, fuel per workload
+//! and the durable store step.
+
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use crate::stats::Measurement;
+
+/// Peers in the order their columns appear.
+const PEERS: &[(&str, &str)] = &[
+    ("corral", "corral"),
+    (
+        "quickjs-emscripten-shared",
+        "quickjs-emscripten, shared module",
+    ),
+    (
+        "quickjs-emscripten-fresh",
+        "quickjs-emscripten, module per sandbox",
+    ),
+    ("node-vm", "node:vm"),
+    ("isolated-vm", "isolated-vm"),
+    ("node-bare", "node (no sandbox)"),
+];
+
+const WORKLOADS: &[(&str, &str)] = &[
+    ("new_session", "new session + `return 1+1` + dispose"),
+    ("process_start", "whole process: one-line script"),
+    ("fib27", "`fib(27)` in a fresh sandbox"),
+    ("call_roundtrip", "awaited no-op host call, per call"),
+    (
+        "concurrent_calls",
+        "`Promise.all` of 100 × 10 ms host calls",
+    ),
+    ("rss_per_session", "RSS per live session (100 alive)"),
+    (
+        "deadline_overshoot",
+        "`while(true){}` past a 100 ms deadline",
+    ),
+];
+
+/// Today's date (UTC) as YYYY-MM-DD.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    // Days to civil date (Howard Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// Cores and CPU model of this machine.
+pub fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    json!({"cpus": cores, "model": model, "os": std::env::consts::OS})
+}
+
+fn find<'a>(results: &'a [Measurement], peer: &str, workload: &str) -> Option<&'a Measurement> {
+    results
+        .iter()
+        .find(|m| m.peer == peer && m.workload == workload)
+}
+
+fn fmt_value(value: f64) -> String {
+    if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+fn cell(m: Option<&Measurement>, corral_p50: Option<f64>, show_ratio: bool) -> String {
+    let Some(m) = m else {
+        return "–".into();
+    };
+    let (Some(p50), Some(p99)) = (m.p50, m.p99) else {
+        return "n/a".into();
+    };
+    let mut text = format!("{} (p99 {})", fmt_value(p50), fmt_value(p99));
+    if show_ratio
+        && m.peer != "corral"
+        && let Some(base) = corral_p50.filter(|b| *b > 0.0)
+    {
+        let _ = write!(text, " **×{:.1}**", p50 / base);
+    }
+    text
+}
+
+/// `(target, measured, met)` checks from the issue's targets.
+fn targets(results: &[Measurement]) -> Vec<(String, String, Option<bool>)> {
+    let p = |peer: &str, w: &str, f: fn(&Measurement) -> Option<f64>| {
+        find(results, peer, w).and_then(f)
+    };
+    let p50 = |m: &Measurement| m.p50;
+    let p99 = |m: &Measurement| m.p99;
+    let mut out = Vec::new();
+    let mut check = |target: &str, value: Option<f64>, limit: f64, unit: &str| {
+        let measured = value.map_or("not measured".to_string(), |v| {
+            format!("{} {unit}", fmt_value(v))
+        });
+        out.push((target.to_string(), measured, value.map(|v| v <= limit)));
+    };
+    check(
+        "new session p50 ≤ 50 µs",
+        p("corral", "new_session", p50),
+        50.0,
+        "µs",
+    );
+    check(
+        "new session p99 ≤ 200 µs",
+        p("corral", "new_session", p99),
+        200.0,
+        "µs",
+    );
+    check(
+        "`corral exec` whole process ≤ 10 ms",
+        p("corral", "process_start", p50),
+        10.0,
+        "ms",
+    );
+    check(
+        "awaited call round trip ≤ 3 µs",
+        p("corral", "call_roundtrip", p50),
+        3.0,
+        "µs",
+    );
+    check(
+        "≤ 300 KiB RSS per live session",
+        p("corral", "rss_per_session", p50),
+        300.0,
+        "KiB",
+    );
+    check(
+        "deadline overshoot ≤ 0.5 ms",
+        p("corral", "deadline_overshoot", p50),
+        0.5,
+        "ms",
+    );
+    let fib = p("corral", "fib27", p50);
+    let qjs = p("quickjs-emscripten-shared", "fib27", p50);
+    out.push((
+        "`fib(27)` no slower than quickjs-emscripten".into(),
+        match (fib, qjs) {
+            (Some(a), Some(b)) => {
+                format!("{} ms vs {} ms (×{:.2})", fmt_value(a), fmt_value(b), a / b)
+            }
+            _ => "not measured".into(),
+        },
+        fib.zip(qjs).map(|(a, b)| a <= b),
+    ));
+    let none = p("corral-no-limits", "fib27", p50);
+    let fuel = p("corral-fuel-only", "fib27", p50);
+    out.push((
+        "fuel costs ≤ 25% over no fuel (`fib(27)`)".into(),
+        match (fuel, none) {
+            (Some(a), Some(b)) => format!("{:+.1}%", (a / b - 1.0) * 100.0),
+            _ => "not measured".into(),
+        },
+        fuel.zip(none).map(|(a, b)| a <= b * 1.25),
+    ));
+    out
+}
+
+/// Renders the whole report.
+pub fn markdown(document: &Value) -> anyhow::Result<String> {
+    let results: Vec<Measurement> = serde_json::from_value(document["results"].clone())?;
+    let mut md = String::new();
+    let machine = &document["machine"];
+    let versions = &document["versions"];
+    let _ = writeln!(md, "# corral benchmarks\n");
+    let _ = writeln!(
+        md,
+        "Measured {} on {} cores ({}), mode **{}**. corral {} on wasmtime {}, javy {}; peers: {}; Node {}.\n",
+        document["date"].as_str().unwrap_or("?"),
+        machine["cpus"],
+        machine["model"].as_str().unwrap_or("?"),
+        document["mode"].as_str().unwrap_or("?"),
+        versions["corral"].as_str().unwrap_or("?"),
+        versions["wasmtime"].as_str().unwrap_or("?"),
+        versions["javy"].as_str().unwrap_or("?"),
+        versions["peers"]
+            .as_object()
+            .map(|p| p
+                .values()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+        versions["node"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        md,
+        "Every figure is the median (p50) of its runs with the p99 beside it; **×N** is the peer's \
+         median divided by corral's (above 1: corral is faster or smaller). All peers ran in the \
+         same invocation, one after the other, so the machine's noise falls on all of them.\n"
+    );
+
+    let _ = writeln!(md, "## The sandbox against its peers\n");
+    let _ = write!(md, "| workload | unit |");
+    for (_, title) in PEERS {
+        let _ = write!(md, " {title} |");
+    }
+    let _ = write!(md, "\n|---|---|");
+    for _ in PEERS {
+        let _ = write!(md, "---|");
+    }
+    md.push('\n');
+    for (workload, title) in WORKLOADS {
+        let unit = results
+            .iter()
+            .find(|m| m.workload == *workload)
+            .map(|m| m.unit.clone())
+            .unwrap_or_default();
+        let corral_p50 = find(&results, "corral", workload).and_then(|m| m.p50);
+        let _ = write!(md, "| {title} | {unit} |");
+        for (peer, _) in PEERS {
+            let _ = write!(
+                md,
+                " {} |",
+                cell(find(&results, peer, workload), corral_p50, true)
+            );
+        }
+        md.push('\n');
+    }
+
+    let _ = writeln!(md, "\n## Targets\n\n| target | measured | |\n|---|---|---|");
+    for (target, measured, met) in targets(&results) {
+        let verdict = match met {
+            Some(true) => "met",
+            Some(false) => "**missed**",
+            None => "–",
+        };
+        let _ = writeln!(md, "| {target} | {measured} | {verdict} |");
+    }
+
+    let _ = writeln!(
+        md,
+        "\n## What fuel and epochs cost (`fib(27)`)\n\n| configuration | p50 ms | vs neither |\n|---|---|---|"
+    );
+    let none = find(&results, "corral-no-limits", "fib27").and_then(|m| m.p50);
+    for peer in [
+        "corral-no-limits",
+        "corral-epochs-only",
+        "corral-fuel-only",
+        "corral",
+    ] {
+        if let Some(m) = find(&results, peer, "fib27") {
+            let p50 = m.p50.unwrap_or(0.0);
+            let vs = none.map_or("–".into(), |n| {
+                format!("{:+.1}%", (p50 / n - 1.0) * 100.0)
+            });
+            let _ = writeln!(
+                md,
+                "| {} | {} | {vs} |",
+                m.note.as_deref().unwrap_or(peer),
+                fmt_value(p50)
+            );
+        }
+    }
+
+    let _ = writeln!(
+        md,
+        "\n## What a session costs, split\n\n| part | p50 µs | p99 µs |\n|---|---|---|"
+    );
+    for workload in [
+        "new_session.create",
+        "new_session.eval",
+        "new_session",
+        "session_create.0",
+        "session_create.2",
+        "session_create.20",
+    ] {
+        if let Some(m) = find(&results, "corral", workload) {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |",
+                m.note.as_deref().unwrap_or(workload),
+                fmt_value(m.p50.unwrap_or(0.0)),
+                fmt_value(m.p99.unwrap_or(0.0))
+            );
+        }
+    }
+
+    if let Some(rows) = document["fuel"].as_array() {
+        let _ = writeln!(
+            md,
+            "\n## Fuel per workload\n\n| script | fuel | ms | fuel per ms |\n|---|---|---|---|"
+        );
+        let mut ratios = Vec::new();
+        for row in rows {
+            let fuel = row["fuel"].as_u64().unwrap_or(0);
+            let ms = row["ms"].as_f64().unwrap_or(0.0);
+            let ratio = row["fuel_per_ms"].as_f64().unwrap_or(0.0);
+            if row["script"] != "calls_1000" {
+                ratios.push(ratio);
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {fuel} | {} | {:.0} |",
+                row["script"].as_str().unwrap_or("?"),
+                fmt_value(ms),
+                ratio
+            );
+        }
+        ratios.sort_by(f64::total_cmp);
+        if let Some(median) = ratios.get(ratios.len() / 2) {
+            let _ = writeln!(
+                md,
+                "\nOn this machine one millisecond of guest work is about **{:.0} fuel** (median of the \
+                 CPU-bound scripts), so a time budget of T ms corresponds to a fuel budget of about \
+                 {:.0} × T. Fuel is deterministic: the same script always costs the same, whatever \
+                 the machine is doing; time spent waiting on calls costs none.",
+                median, median
+            );
+        }
+    }
+
+    if let Some(rows) = document["durable_step"]["results"].as_array() {
+        let _ = writeln!(
+            md,
+            "\n## Durable step (store)\n\nOne event appended and the live checkpoint rewritten, in one fenced transaction.\n\n| store | p50 µs | p99 µs | events/s, 1 session | events/s, 16 sessions |\n|---|---|---|---|---|"
+        );
+        for row in rows {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                row["backend"].as_str().unwrap_or("?"),
+                row["p50_us"],
+                row["p99_us"],
+                row["events_per_s_1_session"],
+                row["events_per_s_16_sessions"]
+            );
+        }
+    }
+    Ok(md)
+}

@@ -1,0 +1,97 @@
+//! The benchmark harness in quick mode, so it cannot silently rot: every workload runs on corral
+//! and on every peer the machine has, the report and the results file are written, and the fuel
+//! of the reference scripts stays within a few percent of the recorded budgets. No timing is
+//! asserted; figures from a quick run mean nothing.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Fuel recorded for `FUEL_SCRIPTS` (bench/src/workloads.rs). Fuel is deterministic, so a
+/// change beyond the tolerance is a change in what the guest does: update the figure on purpose
+/// and say why in the commit.
+const RECORDED_FUEL: &[(&str, u64)] = &[
+    ("json_100kb", 65_660_787),
+    ("regex_1mb", 646_488_883),
+    ("sort_100k", 1_433_049_616),
+    ("string_building", 368_613_079),
+    ("fib25", 189_411_788),
+    ("calls_1000", 61_466_044),
+];
+const TOLERANCE: f64 = 0.03;
+
+#[test]
+fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
+    let out = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
+        .args(["--quick", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("corral-bench runs");
+    assert!(
+        output.status.success(),
+        "corral-bench --quick failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results: Value = serde_json::from_slice(
+        &std::fs::read(out.path().join("results.json")).expect("results.json written"),
+    )
+    .expect("results.json is JSON");
+    let report = std::fs::read_to_string(out.path().join("REPORT.md")).expect("REPORT.md written");
+    assert!(report.contains("## Targets"), "{report}");
+
+    let measured = |peer: &str, workload: &str| -> bool {
+        results["results"].as_array().is_some_and(|list| {
+            list.iter().any(|r| {
+                r["peer"] == peer && r["workload"] == workload && r["n"].as_u64().unwrap_or(0) > 0
+            })
+        })
+    };
+    for workload in [
+        "new_session",
+        "process_start",
+        "fib27",
+        "call_roundtrip",
+        "concurrent_calls",
+        "rss_per_session",
+        "deadline_overshoot",
+    ] {
+        assert!(
+            measured("corral", workload),
+            "corral did not measure {workload}"
+        );
+        for peer in ["quickjs-emscripten-shared", "node-vm"] {
+            if workload != "process_start" || peer != "node-bare" {
+                assert!(
+                    measured(peer, workload),
+                    "{peer} did not measure {workload}"
+                );
+            }
+        }
+    }
+    for peer in ["corral-fuel-only", "corral-epochs-only", "corral-no-limits"] {
+        assert!(measured(peer, "fib27"), "{peer} did not run fib27");
+    }
+    assert!(
+        results["durable_step"]["results"]
+            .as_array()
+            .is_some_and(|r| r.len() >= 3),
+        "the durable step benchmark did not run: {}",
+        results["durable_step"]
+    );
+
+    let fuel = results["fuel"].as_array().expect("a fuel table");
+    let mut drift = Vec::new();
+    for (script, recorded) in RECORDED_FUEL {
+        let row = fuel
+            .iter()
+            .find(|r| r["script"] == *script)
+            .expect("script in the table");
+        let got = row["fuel"].as_u64().expect("fuel");
+        let off = (got as f64 - *recorded as f64).abs() / (*recorded).max(1) as f64;
+        if off > TOLERANCE {
+            drift.push(format!("{script}: {got} (recorded {recorded})"));
+        }
+    }
+    assert!(drift.is_empty(), "fuel drifted:\n{}", drift.join("\n"));
+}
