@@ -374,12 +374,15 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
     }
 }
 
-/// Drops the wrapper's own frame and rewrites `script.js:1:N` locations so columns on the
+/// Drops the wrapper's and the prelude's frames (they are corral's, not the user's) and rewrites `script.js:1:N` locations so columns on the
 /// first line do not count the wrapper.
 fn fix_stack(stack: &str) -> String {
     let stack: String = stack
         .lines()
-        .filter(|line| !line.trim_start().starts_with("at <eval>"))
+        .filter(|line| {
+            let frame = line.trim_start();
+            !frame.starts_with("at <eval>") && !frame.contains("(prelude.js:")
+        })
         .map(|line| format!("{line}\n"))
         .collect();
     let marker = format!("{SCRIPT_FILE_NAME}:1:");

@@ -142,3 +142,23 @@ async fn error_columns_on_the_first_line_ignore_the_wrapper() {
         (json!(1), json!(9))
     );
 }
+
+#[tokio::test]
+async fn stacks_show_only_the_users_frames() {
+    let mut session = example_session(SessionLimits::default()).await;
+    let report = session
+        .run("async function fetchIt() {\n  return await tools.examples.sleep({ms: 'soon'});\n}\nawait fetchIt();")
+        .await;
+    let error = report.to_json()["error"].clone();
+    let stack = error["stack"].as_str().expect("a stack").to_string();
+    assert!(stack.contains("at fetchIt (script.js:2:"), "{stack}");
+    assert!(
+        !stack.contains("prelude.js"),
+        "corral's own frames leaked into the stack: {stack}"
+    );
+    assert!(
+        !stack.contains("<eval>"),
+        "the wrapper's frame leaked into the stack: {stack}"
+    );
+    assert_eq!(error["line"], 2);
+}

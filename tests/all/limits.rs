@@ -275,3 +275,46 @@ async fn memory_above_the_sandbox_maximum_is_refused() {
         Some(corral_sandbox::CreateSessionError::InvalidOptions(_))
     ));
 }
+
+#[test]
+fn stacks_deeper_than_the_guest_can_back_are_refused() {
+    let config = SandboxConfig {
+        max_stack_bytes: corral_sandbox::MAX_STACK_BYTES + 1,
+        ..SandboxConfig::default()
+    };
+    assert!(matches!(
+        corral_sandbox::Sandbox::new(config),
+        Err(corral_sandbox::LoadGuestError::InvalidConfig(_))
+    ));
+}
+
+#[tokio::test]
+async fn the_largest_stack_still_ends_in_a_stack_overflow() {
+    // At the maximum, runaway recursion must still be the typed stack limit, not a trap from
+    // the guest's shadow stack running out first.
+    let sandbox = corral_sandbox::Sandbox::new(SandboxConfig {
+        max_stack_bytes: corral_sandbox::MAX_STACK_BYTES,
+        max_sessions: 2,
+        ..SandboxConfig::default()
+    })
+    .expect("sandbox");
+    let options = corral_sandbox::SessionOptions::new(
+        Arc::new(corral_sandbox::examples::example_catalog()),
+        Arc::new(corral_sandbox::examples::ExampleBackend),
+    );
+    let mut session = sandbox.session(options).await.expect("session");
+    let report = session
+        .run("function f() { return f() + 1 } return f()")
+        .await;
+    assert!(
+        matches!(
+            report.outcome,
+            Err(ExecError::LimitExceeded {
+                limit: Limit::Stack,
+                ..
+            })
+        ),
+        "{:?}",
+        report.outcome
+    );
+}

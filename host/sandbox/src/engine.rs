@@ -39,8 +39,10 @@ pub struct SandboxConfig {
     /// [`crate::SessionLimits::memory_bytes`], up to this.
     pub max_memory_bytes: u64,
     /// The wasm stack available to a script. QuickJS recurses on the native stack for every
-    /// JavaScript call, so this bounds JavaScript recursion depth; exhausting it stops the script
-    /// with the `stack` limit.
+    /// JavaScript call, so this bounds JavaScript recursion depth (the 2 MiB default allows
+    /// about 3,000 nested calls); exhausting it stops the script with the `stack` limit. At most
+    /// [`MAX_STACK_BYTES`]: beyond that, recursion could exhaust the guest's own (shadow) stack
+    /// in linear memory first, which would end the script as a guest trap instead.
     pub max_stack_bytes: usize,
     /// Where compiled guest code is cached. `None` compiles in memory on every start (about two
     /// seconds). Defaults to `$CORRAL_CACHE_DIR`, else `$XDG_CACHE_HOME/corral`, else
@@ -71,10 +73,18 @@ fn default_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/corral"))
 }
 
+/// Largest [`SandboxConfig::max_stack_bytes`]: the guest reserves 4 MiB of linear memory for its
+/// shadow stack, and deep recursion was measured to exhaust it before 12 MiB of wasm stack, but
+/// never before 8 MiB.
+pub const MAX_STACK_BYTES: usize = 8 << 20;
+
 /// Why a [`Sandbox`] could not be created.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadGuestError {
+    /// The configuration asks for something the sandbox cannot honour.
+    #[error("invalid sandbox configuration: {0}")]
+    InvalidConfig(String),
     /// The engine configuration was rejected (for example, a pool too large for this host).
     #[error("configuring the wasmtime engine failed: {0}")]
     Engine(#[source] wasmtime::Error),
@@ -142,6 +152,17 @@ impl Sandbox {
     }
 
     fn load(config: SandboxConfig, guest: &[u8], digest: &str) -> Result<Sandbox, LoadGuestError> {
+        if config.max_stack_bytes > MAX_STACK_BYTES || config.max_stack_bytes < 64 << 10 {
+            return Err(LoadGuestError::InvalidConfig(format!(
+                "max_stack_bytes must be between 64 KiB and {MAX_STACK_BYTES} bytes, not {}",
+                config.max_stack_bytes
+            )));
+        }
+        if config.max_sessions == 0 {
+            return Err(LoadGuestError::InvalidConfig(
+                "max_sessions must be at least 1".into(),
+            ));
+        }
         let engine = Engine::new(&engine_config(&config)).map_err(LoadGuestError::Engine)?;
         let (component, compiled_from) = compile_cached(&engine, &config, guest, digest)?;
         let mut linker = Linker::<SessionData>::new(&engine);
@@ -237,6 +258,9 @@ fn compile_cached(
         .serialize()
         .ok()
         .is_some_and(|bytes| store_cached(dir, &path, &bytes).is_ok());
+    if cached {
+        remove_stale_entries(dir, &path, &format!("-{engine_digest:016x}.cwasm"));
+    }
     let from = if cached {
         CompiledFrom::CompiledAndCached
     } else {
@@ -267,6 +291,22 @@ fn store_cached(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), path_name(path)));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+/// Deletes code this engine configuration compiled for other builds of the guest: each guest
+/// rebuild would otherwise leave about 5 MB behind. Entries of other engine configurations
+/// (other fuel or epoch settings, other wasmtime versions) are left to the processes using them.
+fn remove_stale_entries(dir: &Path, keep: &Path, engine_suffix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = path_name(&path);
+        if path != keep && name.starts_with("guest-") && name.ends_with(engine_suffix) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 fn path_name(path: &Path) -> String {

@@ -76,7 +76,7 @@ mod session;
 pub use backend::{
     AttachmentRef, Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult,
 };
-pub use engine::{CompiledFrom, LoadGuestError, Sandbox, SandboxConfig};
+pub use engine::{CompiledFrom, LoadGuestError, MAX_STACK_BYTES, Sandbox, SandboxConfig};
 pub use grants::{ClockGrant, EntropyGrant, Grants};
 pub use limits::{Limit, SessionLimits};
 pub use session::{
