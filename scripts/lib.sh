@@ -26,3 +26,22 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
+
+# Builds the guest's core module (target/wasm32-wasip1/release/corral_guest.wasm), installing the
+# toolchain it needs and patching QuickJS first.
+build_guest_core() {
+  local sdk
+  sdk=$("$ROOT/scripts/setup-guest-toolchain")
+  "$ROOT/scripts/patch-quickjs" >/dev/null
+  say "building the guest core module"
+  # cargo must run inside guest/ so guest/.cargo/config.toml (target, stack size) applies.
+  (cd "$ROOT/guest" && WASI_SDK="$sdk" cargo build --release --locked --quiet)
+}
+
+# Pre-initializes the core module and wraps it as a component at $1, with an already built
+# corral-guest-build.
+componentize_guest() {
+  say "pre-initializing and componentizing"
+  "$CARGO_TARGET_DIR/release/corral-guest-build" build \
+    --core "$CARGO_TARGET_DIR/wasm32-wasip1/release/corral_guest.wasm" --out "$1"
+}

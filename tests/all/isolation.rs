@@ -1,17 +1,14 @@
 //! What persists, what does not, and what reaches the realm only when granted.
 
-use std::sync::Arc;
-
-use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{ClockGrant, EntropyGrant, Grants, ScriptUser, SessionLimits, SessionOptions};
-use corral_tests::{example_session, sandbox};
+use corral_tests::{example_options, example_session, sandbox};
 use serde_json::{Value, json};
 
 async fn run_with(grants: Grants, user: Option<ScriptUser>, script: &str) -> Value {
     let options = SessionOptions {
         grants,
         user,
-        ..SessionOptions::new(Arc::new(example_catalog()), Arc::new(ExampleBackend))
+        ..example_options()
     };
     let mut session = sandbox().session(options).await.expect("session");
     let report = session.run(script).await;

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use corral_sandbox::{ExecError, Limit, SandboxConfig, SessionLimits};
-use corral_tests::{RecordingBackend, example_session, recording_catalog, session};
+use corral_tests::{
+    RecordingBackend, example_options, example_session, recording_catalog, sandbox_with, session,
+};
 
 /// Runs `script` under `limits` and returns the limit error; then checks the session refuses
 /// further scripts and a new session works.
@@ -127,17 +129,12 @@ async fn the_stack_limit_bounds_recursion_depth() {
         .await;
     assert_eq!(report.outcome.ok().flatten(), Some(serde_json::json!(1500)));
 
-    let small = corral_sandbox::Sandbox::new(SandboxConfig {
+    let small = sandbox_with(SandboxConfig {
         max_stack_bytes: 256 << 10,
         max_sessions: 4,
         ..SandboxConfig::default()
-    })
-    .expect("a sandbox with a small stack");
-    let options = corral_sandbox::SessionOptions::new(
-        Arc::new(corral_sandbox::examples::example_catalog()),
-        Arc::new(corral_sandbox::examples::ExampleBackend),
-    );
-    let mut session = small.session(options).await.expect("a session");
+    });
+    let mut session = small.session(example_options()).await.expect("a session");
     let report = session.run(script).await;
     assert!(
         matches!(
@@ -264,10 +261,7 @@ async fn memory_above_the_sandbox_maximum_is_refused() {
             memory_bytes: u64::MAX,
             ..SessionLimits::default()
         },
-        ..corral_sandbox::SessionOptions::new(
-            Arc::new(corral_sandbox::examples::example_catalog()),
-            Arc::new(corral_sandbox::examples::ExampleBackend),
-        )
+        ..example_options()
     };
     let error = corral_tests::sandbox().session(options).await.err();
     assert!(matches!(
@@ -292,17 +286,12 @@ fn stacks_deeper_than_the_guest_can_back_are_refused() {
 async fn the_largest_stack_still_ends_in_a_stack_overflow() {
     // At the maximum, runaway recursion must still be the typed stack limit, not a trap from
     // the guest's shadow stack running out first.
-    let sandbox = corral_sandbox::Sandbox::new(SandboxConfig {
+    let sandbox = sandbox_with(SandboxConfig {
         max_stack_bytes: corral_sandbox::MAX_STACK_BYTES,
         max_sessions: 2,
         ..SandboxConfig::default()
-    })
-    .expect("sandbox");
-    let options = corral_sandbox::SessionOptions::new(
-        Arc::new(corral_sandbox::examples::example_catalog()),
-        Arc::new(corral_sandbox::examples::ExampleBackend),
-    );
-    let mut session = sandbox.session(options).await.expect("session");
+    });
+    let mut session = sandbox.session(example_options()).await.expect("session");
     let report = session
         .run("function f() { return f() + 1 } return f()")
         .await;
@@ -314,6 +303,53 @@ async fn the_largest_stack_still_ends_in_a_stack_overflow() {
                 ..
             })
         ),
+        "{:?}",
+        report.outcome
+    );
+}
+
+#[tokio::test]
+async fn sessions_beyond_the_pool_are_refused_until_one_closes() {
+    let sandbox = sandbox_with(SandboxConfig {
+        max_sessions: 2,
+        ..SandboxConfig::default()
+    });
+    let first = sandbox
+        .session(example_options())
+        .await
+        .expect("first session");
+    let _second = sandbox
+        .session(example_options())
+        .await
+        .expect("second session");
+    let third = sandbox.session(example_options()).await;
+    assert!(
+        matches!(third, Err(corral_sandbox::CreateSessionError::Capacity(_))),
+        "{third:?}"
+    );
+    first.close();
+    let mut again = sandbox
+        .session(example_options())
+        .await
+        .expect("a slot was freed");
+    assert_eq!(
+        again.run("return 5").await.outcome.ok().flatten(),
+        Some(serde_json::json!(5))
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_run_discards_the_session() {
+    let mut session = example_session(SessionLimits::default()).await;
+    let cancelled = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        session.run("await tools.examples.sleep({ms: 5000}); return 1"),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the run should still have been waiting");
+    let report = session.run("return 2").await;
+    assert!(
+        matches!(report.outcome, Err(ExecError::SessionDiscarded(_))),
         "{:?}",
         report.outcome
     );

@@ -28,6 +28,19 @@ pub fn sandbox() -> &'static Sandbox {
     })
 }
 
+/// A sandbox of its own (for tests that need other engine settings than [`sandbox`]).
+pub fn sandbox_with(config: SandboxConfig) -> Sandbox {
+    match Sandbox::new(config) {
+        Ok(sandbox) => sandbox,
+        Err(error) => panic!("loading the sandbox failed: {error}"),
+    }
+}
+
+/// Options for a session on the example catalog and backend, with default limits.
+pub fn example_options() -> SessionOptions {
+    SessionOptions::new(Arc::new(example_catalog()), Arc::new(ExampleBackend))
+}
+
 /// A session on the example catalog and backend with the given limits.
 pub async fn example_session(limits: SessionLimits) -> ExecutorSession {
     session(example_catalog(), Arc::new(ExampleBackend), limits).await

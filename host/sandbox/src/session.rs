@@ -408,7 +408,7 @@ impl Sandbox {
             .instantiate_async(&mut store)
             .await
             .map_err(|e| {
-                if e.to_string().contains("maximum concurrent") {
+                if e.is::<wasmtime::PoolConcurrencyLimitError>() {
                     CreateSessionError::Capacity(e)
                 } else {
                     CreateSessionError::Guest(e)
@@ -489,11 +489,15 @@ impl ExecutorSession {
             self.sandbox.inner.ticker.register(deadline)
         });
 
+        // If this future is dropped mid-run (the caller was cancelled), the guest stops at an
+        // arbitrary point; the session must not run anything after that.
+        self.discarded = Some("an earlier run was cancelled before it finished".into());
         let result = self
             .guest
             .corral_sandbox_session()
             .call_run(&mut self.store, source)
             .await;
+        self.discarded = None;
 
         let fuel = if config.fuel {
             fuel_before.saturating_sub(self.store.get_fuel().unwrap_or(0))
