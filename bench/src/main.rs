@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store]
+//! corral-bench --rerender bench/results.json     (REPORT.md again from saved figures)
 //! ```
 //!
 //! Writes `DIR/results.json` (every figure, machine-readable) and `DIR/REPORT.md` (tables,
@@ -32,6 +33,7 @@ struct Args {
     store: bool,
     child: Option<String>,
     only: Option<String>,
+    rerender: Option<PathBuf>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -42,6 +44,7 @@ fn parse_args() -> anyhow::Result<Args> {
         store: true,
         child: None,
         only: None,
+        rerender: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -52,6 +55,11 @@ fn parse_args() -> anyhow::Result<Args> {
             "--out" => args.out = Some(PathBuf::from(it.next().context("--out needs a folder")?)),
             "--child" => args.child = Some(it.next().context("--child needs a name")?),
             "--only" => args.only = Some(it.next().context("--only needs a workload")?),
+            "--rerender" => {
+                args.rerender = Some(PathBuf::from(
+                    it.next().context("--rerender needs a results.json")?,
+                ))
+            }
             other => bail!(
                 "unknown argument {other}\nusage: corral-bench [--quick] [--out DIR] [--no-peers] [--no-store] [--only WORKLOAD]"
             ),
@@ -66,6 +74,15 @@ fn repo_root() -> PathBuf {
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    if let Some(results) = &args.rerender {
+        // Renders REPORT.md again from a results.json (after a change to the report's layout).
+        let document: Value = serde_json::from_slice(&std::fs::read(results)?)?;
+        let markdown = report::markdown(&document)?;
+        let out = results.with_file_name("REPORT.md");
+        std::fs::write(&out, &markdown)?;
+        eprintln!("corral-bench: wrote {}", out.display());
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -181,6 +181,55 @@ fn targets(results: &[Measurement]) -> Vec<(String, String, Option<bool>)> {
     out
 }
 
+/// The store's targets, from the durable step figures.
+fn store_targets(document: &Value) -> Vec<(String, String, Option<bool>)> {
+    let rows = document["durable_step"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let find = |prefix: &str| {
+        rows.iter()
+            .find(|r| r["backend"].as_str().is_some_and(|b| b.starts_with(prefix)))
+            .cloned()
+    };
+    let mut out = Vec::new();
+    let mut check = |target: &str, value: Option<f64>, unit: &str, met: fn(f64) -> bool| {
+        let measured = value.map_or("not measured".to_string(), |v| {
+            format!("{} {unit}", fmt_value(v))
+        });
+        out.push((target.to_string(), measured, value.map(met)));
+    };
+    let embedded = find("embedded (synchronous=NORMAL");
+    let postgres = find("PostgreSQL 15");
+    check(
+        "durable step p50 ≤ 0.5 ms, embedded",
+        embedded
+            .as_ref()
+            .and_then(|r| r["p50_us"].as_f64())
+            .map(|us| us / 1e3),
+        "ms",
+        |v| v <= 0.5,
+    );
+    check(
+        "durable step p50 ≤ 2 ms, PostgreSQL",
+        postgres
+            .as_ref()
+            .and_then(|r| r["p50_us"].as_f64())
+            .map(|us| us / 1e3),
+        "ms",
+        |v| v <= 2.0,
+    );
+    check(
+        "≥ 5,000 events/s with 16 sessions, PostgreSQL",
+        postgres
+            .as_ref()
+            .and_then(|r| r["events_per_s_16_sessions"].as_f64()),
+        "events/s",
+        |v| v >= 5000.0,
+    );
+    out
+}
+
 /// Renders the whole report.
 pub fn markdown(document: &Value) -> anyhow::Result<String> {
     let results: Vec<Measurement> = serde_json::from_value(document["results"].clone())?;
@@ -244,7 +293,7 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
     }
 
     let _ = writeln!(md, "\n## Targets\n\n| target | measured | |\n|---|---|---|");
-    for (target, measured, met) in targets(&results) {
+    for (target, measured, met) in targets(&results).into_iter().chain(store_targets(document)) {
         let verdict = match met {
             Some(true) => "met",
             Some(false) => "**missed**",
