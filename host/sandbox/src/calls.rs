@@ -98,6 +98,11 @@ impl CallTable {
         self.peak_in_flight = 0;
     }
 
+    /// Hands over the completions that are ready without waiting, if any.
+    pub(crate) fn take_ready(&mut self) -> Option<Vec<Completion>> {
+        (!self.ready.is_empty()).then(|| std::mem::take(&mut self.ready))
+    }
+
     /// Whether anything is still owed to the guest.
     pub(crate) fn is_idle(&self) -> bool {
         self.running.is_empty() && self.queued.is_empty() && self.ready.is_empty()

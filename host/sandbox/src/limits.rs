@@ -197,9 +197,18 @@ impl DeadlineTicker {
 
     pub(crate) fn register(&self, at: Instant) -> DeadlineGuard {
         let mut state = lock(&self.shared.state);
+        // The thread only needs waking when it sleeps past this deadline: nothing was
+        // registered (it sleeps long) or this one comes first.
+        let wake = state
+            .deadlines
+            .keys()
+            .next()
+            .is_none_or(|first| at < *first);
         *state.deadlines.entry(at).or_insert(0) += 1;
         drop(state);
-        self.shared.wake.notify_one();
+        if wake {
+            self.shared.wake.notify_one();
+        }
         DeadlineGuard {
             shared: Arc::downgrade(&self.shared),
             at,
