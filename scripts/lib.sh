@@ -45,3 +45,15 @@ componentize_guest() {
   "$CARGO_TARGET_DIR/release/corral-guest-build" build \
     --core "$CARGO_TARGET_DIR/wasm32-wasip1/release/corral_guest.wasm" --out "$1"
 }
+
+# Points the host build at target/guest/embedded.wasm, starting as a copy of the prebuilt guest.
+# scripts/run and scripts/test embed the guest from this one path (copied only when its content
+# changes) and build the whole workspace, so cargo resolves the same features every time and
+# neither command recompiles what the other built.
+stage_embedded_guest() {
+  EMBEDDED_GUEST="$CARGO_TARGET_DIR/guest/embedded.wasm"
+  mkdir -p "$(dirname "$EMBEDDED_GUEST")"
+  cmp -s "$ROOT/guest/dist/corral-guest.wasm" "$EMBEDDED_GUEST" \
+    || cp "$ROOT/guest/dist/corral-guest.wasm" "$EMBEDDED_GUEST"
+  export CORRAL_GUEST_WASM="$EMBEDDED_GUEST"
+}
