@@ -106,6 +106,20 @@ fn cell(m: Option<&Measurement>, corral_p50: Option<f64>, show_ratio: bool) -> S
     text
 }
 
+/// One row of the targets table: the target, the measured value with its unit, and whether it
+/// was met (`None` when not measured).
+fn target_row(
+    target: &str,
+    value: Option<f64>,
+    unit: &str,
+    met: impl Fn(f64) -> bool,
+) -> (String, String, Option<bool>) {
+    let measured = value.map_or("not measured".to_string(), |v| {
+        format!("{} {unit}", fmt_value(v))
+    });
+    (target.to_string(), measured, value.map(met))
+}
+
 /// `(target, measured, met)` checks from the targets.
 fn targets(results: &[Measurement]) -> Vec<(String, String, Option<bool>)> {
     let p = |peer: &str, w: &str, f: fn(&Measurement) -> Option<f64>| {
@@ -115,10 +129,7 @@ fn targets(results: &[Measurement]) -> Vec<(String, String, Option<bool>)> {
     let p99 = |m: &Measurement| m.p99;
     let mut out = Vec::new();
     let mut check = |target: &str, value: Option<f64>, limit: f64, unit: &str| {
-        let measured = value.map_or("not measured".to_string(), |v| {
-            format!("{} {unit}", fmt_value(v))
-        });
-        out.push((target.to_string(), measured, value.map(|v| v <= limit)));
+        out.push(target_row(target, value, unit, |v| v <= limit));
     };
     check(
         "new session p50 ≤ 50 µs",
@@ -194,10 +205,7 @@ fn store_targets(document: &Value) -> Vec<(String, String, Option<bool>)> {
     };
     let mut out = Vec::new();
     let mut check = |target: &str, value: Option<f64>, unit: &str, met: fn(f64) -> bool| {
-        let measured = value.map_or("not measured".to_string(), |v| {
-            format!("{} {unit}", fmt_value(v))
-        });
-        out.push((target.to_string(), measured, value.map(met)));
+        out.push(target_row(target, value, unit, met));
     };
     let embedded = find("embedded (synchronous=NORMAL");
     let postgres = find("PostgreSQL 15");
