@@ -8,108 +8,206 @@
 //! checkpoints and commands are only written under their session's lock.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::error::{Entity, StaleReason, StoreError};
+use crate::feed::Notice;
 use crate::model::{
-    Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
-    BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
-    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
-    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewEvent,
-    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter,
-    SessionOwner, SessionStatus, Timestamp,
+    Action, ActionFilter, ActionGuard, ActionStatus, ActionTransition, AgentDefinition,
+    BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint, CheckpointWrite, ClaimAction,
+    ClaimedAction, CommandRecord, CommitOutcome, CommitReceipt, CompleteAction, CreatedSession,
+    Effect, EffectStatus, EffectTransition, Event, ExecutorScope, Fence, HeartbeatAction, Item,
+    ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewCommand, NewEvent, NewSession,
+    Resolution, ResolveEffect, RetentionPolicy, RetentionReport, Session, SessionCommit,
+    SessionFilter, SessionOwner, SessionStatus, Timestamp,
 };
 
 /// Row-level operations inside one open transaction.
-pub(crate) trait Tx {
+pub(crate) trait Tx: Send {
+    /// What this transaction announces once it commits (see [`crate::feed`]).
+    fn notices(&mut self) -> &mut Vec<Notice>;
     /// Checks that the database answers.
-    async fn ping(&mut self) -> Result<(), StoreError>;
+    fn ping(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// The transaction's clock reading (process clock for SQLite, server clock for PostgreSQL),
     /// read once per transaction after the first row lock.
-    async fn now(&mut self) -> Result<Timestamp, StoreError>;
+    fn now(&mut self) -> impl Future<Output = Result<Timestamp, StoreError>> + Send;
     /// Reads a session; with `lock`, holds its row lock until the end of the transaction.
-    async fn session(&mut self, id: &str, lock: bool) -> Result<Option<Session>, StoreError>;
+    fn session(
+        &mut self,
+        id: &str,
+        lock: bool,
+    ) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send;
     /// Inserts a session unless one with its id exists; `false` if it existed.
-    async fn insert_session(&mut self, session: &Session) -> Result<bool, StoreError>;
+    fn insert_session(
+        &mut self,
+        session: &Session,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Writes every mutable field of a locked session.
-    async fn update_session(&mut self, session: &Session) -> Result<(), StoreError>;
-    async fn list_sessions(&mut self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError>;
+    fn update_session(
+        &mut self,
+        session: &Session,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn list_sessions(
+        &mut self,
+        filter: &SessionFilter,
+    ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
     /// Locks the oldest claimable session, skipping rows other transactions hold.
-    async fn next_claimable_session(
+    fn next_claimable_session(
         &mut self,
         now: Timestamp,
-    ) -> Result<Option<Session>, StoreError>;
-    async fn upsert_agent(
+    ) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send;
+    fn upsert_agent(
         &mut self,
         agent: &NewAgent,
         now: Timestamp,
-    ) -> Result<AgentDefinition, StoreError>;
-    async fn agent(&mut self, id: &str) -> Result<Option<AgentDefinition>, StoreError>;
-    async fn list_agents(&mut self) -> Result<Vec<AgentDefinition>, StoreError>;
-    async fn insert_event(&mut self, event: &Event) -> Result<(), StoreError>;
-    async fn events_after(
+    ) -> impl Future<Output = Result<AgentDefinition, StoreError>> + Send;
+    fn agent(
+        &mut self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<AgentDefinition>, StoreError>> + Send;
+    fn list_agents(
+        &mut self,
+    ) -> impl Future<Output = Result<Vec<AgentDefinition>, StoreError>> + Send;
+    fn insert_event(
+        &mut self,
+        event: &Event,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn events_after(
         &mut self,
         session_id: &str,
         after: i64,
         limit: i64,
-    ) -> Result<Vec<Event>, StoreError>;
-    async fn insert_item(&mut self, item: &Item) -> Result<(), StoreError>;
-    async fn items_after(
+    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+    fn insert_item(&mut self, item: &Item) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn items_after(
         &mut self,
         session_id: &str,
         after: i64,
         limit: i64,
-    ) -> Result<Vec<Item>, StoreError>;
-    async fn live_checkpoint(&mut self, session_id: &str)
-    -> Result<Option<Checkpoint>, StoreError>;
+    ) -> impl Future<Output = Result<Vec<Item>, StoreError>> + Send;
+    fn live_checkpoint(
+        &mut self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<Option<Checkpoint>, StoreError>> + Send;
     /// Marks the session's live checkpoint superseded unless it is `keep` (turn, segment).
-    async fn supersede_checkpoints(
+    fn supersede_checkpoints(
         &mut self,
         session_id: &str,
         keep: Option<(&str, i64)>,
         now: Timestamp,
-    ) -> Result<(), StoreError>;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Writes (turn, segment) as the live checkpoint, replacing the data of an equal key.
-    async fn upsert_checkpoint(
+    fn upsert_checkpoint(
         &mut self,
         session_id: &str,
         checkpoint: &NewCheckpoint,
         segment: i64,
         now: Timestamp,
-    ) -> Result<(), StoreError>;
-    async fn effect(&mut self, id: &str) -> Result<Option<Effect>, StoreError>;
-    async fn insert_effect(&mut self, effect: &Effect) -> Result<(), StoreError>;
-    async fn update_effect(&mut self, effect: &Effect) -> Result<(), StoreError>;
-    async fn session_effects(
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn effect(
+        &mut self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Effect>, StoreError>> + Send;
+    fn insert_effect(
+        &mut self,
+        effect: &Effect,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn update_effect(
+        &mut self,
+        effect: &Effect,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn session_effects(
         &mut self,
         session_id: &str,
         status: Option<EffectStatus>,
-    ) -> Result<Vec<Effect>, StoreError>;
-    async fn action(&mut self, id: &str) -> Result<Option<Action>, StoreError>;
-    async fn insert_action(&mut self, action: &Action) -> Result<(), StoreError>;
-    async fn update_action(&mut self, action: &Action) -> Result<(), StoreError>;
-    async fn list_actions(&mut self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError>;
+    ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send;
+    fn action(
+        &mut self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Action>, StoreError>> + Send;
+    fn insert_action(
+        &mut self,
+        action: &Action,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn update_action(
+        &mut self,
+        action: &Action,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn list_actions(
+        &mut self,
+        filter: &ActionFilter,
+    ) -> impl Future<Output = Result<Vec<Action>, StoreError>> + Send;
+    /// Up to `limit` sessions matching `filter` with an id greater than `after`, by id.
+    fn sessions_page(
+        &mut self,
+        filter: &SessionFilter,
+        after: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
+    /// Up to `limit` actions matching `filter` with an id greater than `after`, by id.
+    fn actions_page(
+        &mut self,
+        filter: &ActionFilter,
+        after: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Action>, StoreError>> + Send;
+    /// Up to `limit` effects of a session (in `status`) with an id greater than `after`, by id.
+    fn effects_page(
+        &mut self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+        after: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send;
+    /// The oldest pending action in `scope` whose session is on its turn, locking that
+    /// session's row and skipping sessions other transactions hold.
+    fn next_claimable_action(
+        &mut self,
+        scope: &ExecutorScope,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
     /// Claimed actions whose lease ended at or before `now` (read without locks).
-    async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError>;
-    async fn command(
+    fn expired_claims(
+        &mut self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Action>, StoreError>> + Send;
+    fn command(
         &mut self,
         session_id: &str,
         key: &str,
-    ) -> Result<Option<CommandRecord>, StoreError>;
-    async fn insert_command(&mut self, command: &CommandRecord) -> Result<(), StoreError>;
+    ) -> impl Future<Output = Result<Option<CommandRecord>, StoreError>> + Send;
+    fn insert_command(
+        &mut self,
+        command: &CommandRecord,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Ids and tenants of sessions closed at or before `cutoff`, of one tenant or all.
-    async fn closed_sessions(
+    fn closed_sessions(
         &mut self,
         tenant_id: Option<&str>,
         cutoff: Timestamp,
-    ) -> Result<Vec<(String, String)>, StoreError>;
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+    /// Deletes the session's events and items created at or before `cutoff`: (events, items).
+    fn prune_history(
+        &mut self,
+        session_id: &str,
+        cutoff: Timestamp,
+    ) -> impl Future<Output = Result<(u64, u64), StoreError>> + Send;
     /// Deletes a locked session with everything that cascades from it.
-    async fn delete_session(&mut self, id: &str) -> Result<(), StoreError>;
-    async fn prune_checkpoints(&mut self, cutoff: Timestamp) -> Result<u64, StoreError>;
-    async fn prune_commands(&mut self, cutoff: Timestamp) -> Result<u64, StoreError>;
+    fn delete_session(&mut self, id: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn prune_checkpoints(
+        &mut self,
+        cutoff: Timestamp,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn prune_commands(
+        &mut self,
+        cutoff: Timestamp,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
+
+/// Rows one expiry or retention pass handles at most: call again while it reports a full batch.
+pub(crate) const BATCH: i64 = 500;
 
 /// Converts a caller's counter to the database's signed 64-bit integer.
 pub(crate) fn db_int(what: &'static str, value: u64) -> Result<i64, StoreError> {
@@ -183,6 +281,21 @@ fn check_fence(session: &Session, fence: &Fence, now: Timestamp) -> Result<(), S
     }
 }
 
+/// Accepts a write guarded on the active turn only if that turn is still active.
+fn check_turn(session: &Session, expect: Option<&Option<String>>) -> Result<(), StoreError> {
+    match expect {
+        Some(expected) if *expected != session.active_turn_id => Err(StoreError::conflict(
+            Entity::Session,
+            &session.id,
+            format!(
+                "the write expects active turn {:?}, the session's is {:?}",
+                expected, session.active_turn_id
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Accepts an executor's claim only if it is the action's current, unexpired claim.
 fn check_claim(
     action: &Action,
@@ -230,7 +343,21 @@ async fn insert_events<T: Tx>(tx: &mut T, events: &[Event]) -> Result<(), StoreE
     for event in events {
         tx.insert_event(event).await?;
     }
+    if let (Some(first), Some(last)) = (events.first(), events.last()) {
+        tx.notices().push(Notice::Events {
+            session_id: first.session_id.clone(),
+            first: first.cursor,
+            last: last.cursor,
+        });
+    }
     Ok(())
+}
+
+/// Announces, after commit, that `action_id` can be claimed.
+fn announce_work<T: Tx>(tx: &mut T, action_id: &str) {
+    tx.notices().push(Notice::Work {
+        action_id: action_id.to_owned(),
+    });
 }
 
 /// Bumps the version and writes the session row: every data change ends here.
@@ -353,6 +480,8 @@ pub(crate) async fn commit<T: Tx>(
         session_id,
         fence,
         expect_version,
+        expect_turn,
+        expect_status,
         command,
         patch,
         items,
@@ -398,6 +527,18 @@ pub(crate) async fn commit<T: Tx>(
             Entity::Session,
             &session_id,
             format!("expected version {expected}, found {}", session.version),
+        ));
+    }
+    check_turn(&session, expect_turn.as_ref())?;
+    if !expect_status.is_empty() && !expect_status.contains(&session.status) {
+        return Err(StoreError::conflict(
+            Entity::Session,
+            &session_id,
+            format!(
+                "the session is {}, the commit expects {}",
+                session.status,
+                list(&expect_status)
+            ),
         ));
     }
 
@@ -462,6 +603,9 @@ pub(crate) async fn commit<T: Tx>(
         }
         action.updated_at = now;
         tx.update_action(&action).await?;
+        if action.status == ActionStatus::Pending {
+            announce_work(tx, &action.action_id);
+        }
     }
 
     if let Some(status) = patch.status {
@@ -641,11 +785,12 @@ pub(crate) async fn begin_effect<T: Tx>(
     } = begin;
     require_id("effect id", &new.effect_id)?;
     require_id("effect turn id", &new.turn_id)?;
-    if !matches!(new.status, EffectStatus::Pending | EffectStatus::Invoking) {
+    let starts_completed = new.status == EffectStatus::Completed && new.result.is_some();
+    if !starts_completed && !matches!(new.status, EffectStatus::Pending | EffectStatus::Invoking) {
         return Err(StoreError::invalid(
             "effect status",
             format!(
-                "a new effect starts pending or invoking, not {}",
+                "a new effect starts pending or invoking (or completed with a result), not {}",
                 new.status
             ),
         ));
@@ -676,7 +821,7 @@ pub(crate) async fn begin_effect<T: Tx>(
         kind: new.kind,
         status: new.status,
         request: new.request,
-        result: None,
+        result: new.result,
         error: None,
         created_at: now,
         updated_at: now,
@@ -684,6 +829,7 @@ pub(crate) async fn begin_effect<T: Tx>(
     tx.insert_effect(&effect).await?;
     if let Some(action) = action {
         require_id("action agent id", &action.agent_id)?;
+        announce_work(tx, &new.effect_id);
         tx.insert_action(&Action {
             action_id: new.effect_id,
             session_id: session_id.clone(),
@@ -810,6 +956,25 @@ pub(crate) async fn claim_action<T: Tx>(
             ),
         ));
     }
+    if action.status == ActionStatus::Claimed
+        && action.claim_id.as_deref() == Some(claim.claim_id.as_str())
+        && action.lease_expires_at.is_some_and(|expiry| expiry > now)
+    {
+        // The same claim again (a retried request): the claim as it was granted.
+        let record = tx
+            .command(
+                &session.id,
+                &action_claim_key(&action.action_id, action.generation),
+            )
+            .await?;
+        let cursor = record.map_or(0, |record| record.cursor);
+        let after = db_int("cursor", cursor.saturating_sub(1))?;
+        if let Some(event) = tx.events_after(&session.id, after, 1).await?.pop()
+            && event.cursor == cursor
+        {
+            return Ok(ClaimedAction { action, event });
+        }
+    }
     if action.status != ActionStatus::Pending {
         return Err(StoreError::conflict(
             Entity::Action,
@@ -844,6 +1009,17 @@ pub(crate) async fn claim_action<T: Tx>(
         now,
     );
     insert_events(tx, &events).await?;
+    if let Some(event) = events.last() {
+        tx.insert_command(&CommandRecord {
+            session_id: session.id.clone(),
+            idempotency_key: action_claim_key(&action.action_id, action.generation),
+            command: json!({"claimId": action.claim_id}),
+            response: json!({}),
+            cursor: event.cursor,
+            created_at: now,
+        })
+        .await?;
+    }
     save_session(tx, &mut session, now).await?;
     let event = events.pop().ok_or_else(|| {
         StoreError::corrupt(
@@ -860,9 +1036,20 @@ pub(crate) async fn heartbeat_action<T: Tx>(
     heartbeat: HeartbeatAction,
 ) -> Result<Action, StoreError> {
     require_lease(heartbeat.lease)?;
-    let (_session, mut action) = locked_action(tx, &heartbeat.action_id).await?;
+    let (session, mut action) = locked_action(tx, &heartbeat.action_id).await?;
     let now = tx.now().await?;
     check_claim(&action, &heartbeat.claim_id, heartbeat.generation, now)?;
+    if session.status == SessionStatus::Cancelled
+        || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
+    {
+        return Err(StoreError::StaleGeneration {
+            entity: Entity::Action,
+            id: action.action_id.clone(),
+            presented: heartbeat.generation,
+            current: action.generation,
+            reason: StaleReason::NotHeld,
+        });
+    }
     action.lease_expires_at = Some(now.saturating_add(heartbeat.lease));
     action.updated_at = now;
     tx.update_action(&action).await?;
@@ -1051,6 +1238,32 @@ pub(crate) async fn apply_retention<T: Tx>(
         if expired {
             tx.delete_session(&id).await?;
             report.sessions_deleted += 1;
+        }
+    }
+    let mut history = Vec::new();
+    for (tenant, ttl) in &policy.tenant_closed_history_ttl {
+        let cutoff = now.saturating_sub(*ttl);
+        for (id, _) in tx.closed_sessions(Some(tenant), cutoff).await? {
+            history.push((id, cutoff));
+        }
+    }
+    if let Some(ttl) = policy.closed_history_ttl {
+        let cutoff = now.saturating_sub(ttl);
+        for (id, tenant) in tx.closed_sessions(None, cutoff).await? {
+            if !policy.tenant_closed_history_ttl.contains_key(&tenant) {
+                history.push((id, cutoff));
+            }
+        }
+    }
+    history.sort();
+    for (id, cutoff) in history {
+        let Some(session) = tx.session(&id, true).await? else {
+            continue;
+        };
+        if session.status == SessionStatus::Closed {
+            let (events, items) = tx.prune_history(&id, cutoff).await?;
+            report.events_pruned += events;
+            report.items_pruned += items;
         }
     }
     report.checkpoints_pruned = tx
@@ -1320,4 +1533,439 @@ pub(crate) fn owner_columns(session: &Session) -> (Option<&str>, Option<i64>) {
 /// A counter of a row we wrote ourselves, as the database's integer.
 pub(crate) fn counter(value: u64) -> Result<i64, StoreError> {
     db_int("counter", value)
+}
+
+/// The idempotency record that remembers an action's first result, whatever its key.
+fn action_result_key(action_id: &str) -> String {
+    format!("corral:action-result:{action_id}")
+}
+
+/// The idempotency record that remembers the event of a claim.
+fn action_claim_key(action_id: &str, generation: u64) -> String {
+    format!("corral:action-claim:{action_id}:{generation}")
+}
+
+/// Locks the session and answers a replayed command; `Ok(None)` when the caller should apply.
+async fn replayed<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    command: Option<&NewCommand>,
+) -> Result<Option<CommitOutcome>, StoreError> {
+    let _ = tx.session(session_id, true).await?;
+    if let Some(command) = command {
+        require_id("idempotency key", &command.idempotency_key)?;
+        if let Some(record) = tx.command(session_id, &command.idempotency_key).await? {
+            if record.command == command.command {
+                return Ok(Some(CommitOutcome::Replayed(record)));
+            }
+            return Err(StoreError::conflict(
+                Entity::Command,
+                &command.idempotency_key,
+                "the idempotency key is already bound to a different command",
+            ));
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) async fn cancel_turn<T: Tx>(
+    tx: &mut T,
+    cancel: CancelTurn,
+) -> Result<CommitOutcome, StoreError> {
+    if let Some(outcome) = replayed(tx, &cancel.session_id, cancel.command.as_ref()).await? {
+        return Ok(outcome);
+    }
+    let session = locked_session(tx, &cancel.session_id).await?;
+    check_turn(&session, cancel.expect_turn.as_ref())?;
+    let turn = session.active_turn_id.clone();
+    let mut commit = SessionCommit::new(&cancel.session_id);
+    commit.fence = cancel.fence;
+    commit.expect_turn = Some(turn.clone());
+    commit.command = cancel.command;
+    if let Some(turn) = &turn {
+        let filter = ActionFilter {
+            session_id: Some(session.id.clone()),
+            ..ActionFilter::default()
+        };
+        for action in tx.list_actions(&filter).await? {
+            if action.turn_id != *turn {
+                continue;
+            }
+            let (to, effect_to) = match action.status {
+                ActionStatus::Pending => (ActionStatus::Cancelled, EffectStatus::Cancelled),
+                // Claimed work may already have had its effect: kept for reconciliation.
+                ActionStatus::Claimed => (ActionStatus::Uncertain, EffectStatus::Uncertain),
+                _ => continue,
+            };
+            commit.actions.push(ActionTransition::new(
+                &action.action_id,
+                ActionGuard::Status(vec![action.status]),
+                to,
+            ));
+            commit.effects.push(
+                EffectTransition::new(
+                    &action.action_id,
+                    &[EffectStatus::Pending, EffectStatus::Invoking],
+                    effect_to,
+                )
+                .with_error("the turn was cancelled"),
+            );
+        }
+        for effect in tx
+            .session_effects(&session.id, Some(EffectStatus::Invoking))
+            .await?
+        {
+            let has_action = commit
+                .effects
+                .iter()
+                .any(|t| t.effect_id == effect.effect_id);
+            if effect.turn_id == *turn && !has_action {
+                commit.effects.push(
+                    EffectTransition::new(
+                        &effect.effect_id,
+                        &[EffectStatus::Invoking],
+                        EffectStatus::Uncertain,
+                    )
+                    .with_error("the turn was cancelled before its outcome was durably recorded"),
+                );
+            }
+        }
+    }
+    let mut event = NewEvent::new("turn.cancelled", json!({"reason": cancel.reason}));
+    event.turn_id = turn;
+    commit.events.push(event);
+    commit.patch.status = Some(SessionStatus::Cancelled);
+    commit.patch.active_turn_id = Some(None);
+    commit.patch.state = cancel.restore_state;
+    commit.checkpoint = Some(CheckpointWrite::Clear);
+    self::commit(tx, commit).await
+}
+
+pub(crate) async fn complete_action<T: Tx>(
+    tx: &mut T,
+    done: CompleteAction,
+) -> Result<CommitOutcome, StoreError> {
+    if let Some(outcome) = replayed(tx, &done.session_id, Some(&done.command)).await? {
+        return Ok(outcome);
+    }
+    let session = locked_session(tx, &done.session_id).await?;
+    let action = tx
+        .action(&done.action_id)
+        .await?
+        .filter(|action| action.session_id == session.id)
+        .ok_or_else(|| StoreError::not_found(Entity::Action, &done.action_id))?;
+    let now = tx.now().await?;
+    if action.status == ActionStatus::Completed {
+        let same = action.claim_id.as_deref() == Some(done.claim_id.as_str())
+            && action.generation == done.generation
+            && action.result.as_ref() == Some(&done.outcome);
+        let first = tx
+            .command(&session.id, &action_result_key(&action.action_id))
+            .await?;
+        let (true, Some(first)) = (same, first) else {
+            return Err(StoreError::conflict(
+                Entity::Action,
+                &action.action_id,
+                "the action was completed with a different result",
+            ));
+        };
+        // The same result under another key: that key answers with the first receipt too.
+        let record = CommandRecord {
+            session_id: session.id.clone(),
+            idempotency_key: done.command.idempotency_key,
+            command: done.command.command,
+            response: first.response.clone(),
+            cursor: first.cursor,
+            created_at: now,
+        };
+        tx.insert_command(&record).await?;
+        return Ok(CommitOutcome::Replayed(first));
+    }
+    if session.status == SessionStatus::Cancelled
+        || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
+    {
+        return Err(StoreError::conflict(
+            Entity::Action,
+            &action.action_id,
+            "the action's turn is no longer active",
+        ));
+    }
+    check_claim(&action, &done.claim_id, done.generation, now)?;
+    let result = done
+        .outcome
+        .get("value")
+        .cloned()
+        .unwrap_or_else(|| done.outcome.clone());
+    let data = done
+        .event_data
+        .unwrap_or_else(|| json!({"actionId": action.action_id, "result": result}));
+    let mut commit = SessionCommit::new(&session.id);
+    commit.expect_turn = Some(Some(action.turn_id.clone()));
+    commit.command = Some(done.command);
+    commit.actions.push(
+        ActionTransition::new(
+            &action.action_id,
+            ActionGuard::Claim {
+                claim_id: done.claim_id,
+                generation: done.generation,
+            },
+            ActionStatus::Completed,
+        )
+        .with_result(done.outcome.clone()),
+    );
+    commit.effects.push(
+        EffectTransition::new(
+            &action.action_id,
+            &[EffectStatus::Pending, EffectStatus::Invoking],
+            EffectStatus::Completed,
+        )
+        .with_result(done.outcome),
+    );
+    commit.patch.status = Some(SessionStatus::Runnable);
+    commit
+        .events
+        .push(NewEvent::new("action.completed", data).in_turn(action.turn_id.clone()));
+    let outcome = self::commit(tx, commit).await?;
+    if let CommitOutcome::Applied(receipt) = &outcome
+        && let Some(record) = &receipt.command
+    {
+        let mut first = record.clone();
+        first.idempotency_key = action_result_key(&action.action_id);
+        tx.insert_command(&first).await?;
+    }
+    Ok(outcome)
+}
+
+pub(crate) async fn resolve_effect<T: Tx>(
+    tx: &mut T,
+    resolve: ResolveEffect,
+) -> Result<CommitOutcome, StoreError> {
+    if let Some(outcome) = replayed(tx, &resolve.session_id, resolve.command.as_ref()).await? {
+        return Ok(outcome);
+    }
+    let session = locked_session(tx, &resolve.session_id).await?;
+    let effect = tx
+        .effect(&resolve.effect_id)
+        .await?
+        .filter(|effect| effect.session_id == session.id)
+        .ok_or_else(|| StoreError::not_found(Entity::Effect, &resolve.effect_id))?;
+    if effect.status != EffectStatus::Uncertain {
+        return Err(StoreError::conflict(
+            Entity::Effect,
+            &effect.effect_id,
+            format!("the effect is {}, not uncertain", effect.status),
+        ));
+    }
+    let action = tx
+        .action(&effect.effect_id)
+        .await?
+        .filter(|action| action.session_id == session.id);
+    let mut commit = SessionCommit::new(&session.id);
+    commit.fence = resolve.fence;
+    commit.command = resolve.command;
+    let (data, effect_to, action_to) = match resolve.resolution {
+        Resolution::Retry => (
+            json!({"effectId": effect.effect_id, "retry": true}),
+            EffectTransition::new(
+                &effect.effect_id,
+                &[EffectStatus::Uncertain],
+                EffectStatus::Pending,
+            ),
+            ActionStatus::Pending,
+        ),
+        Resolution::Complete(outcome) => (
+            json!({"effectId": effect.effect_id, "retry": false, "outcome": outcome}),
+            EffectTransition::new(
+                &effect.effect_id,
+                &[EffectStatus::Uncertain],
+                EffectStatus::Completed,
+            )
+            .with_result(outcome),
+            ActionStatus::Completed,
+        ),
+    };
+    let action_result = effect_to.result.clone();
+    commit.effects.push(effect_to);
+    if let Some(action) = &action {
+        let mut transition = ActionTransition::new(
+            &action.action_id,
+            ActionGuard::Status(vec![ActionStatus::Uncertain, ActionStatus::Cancelled]),
+            action_to,
+        );
+        transition.result = action_result;
+        commit.actions.push(transition);
+    }
+    // The session goes on once nothing of its active turn is uncertain any more.
+    let others_uncertain = tx
+        .session_effects(&session.id, Some(EffectStatus::Uncertain))
+        .await?
+        .iter()
+        .any(|other| {
+            other.effect_id != effect.effect_id
+                && session.active_turn_id.as_deref() == Some(other.turn_id.as_str())
+        });
+    if session.status == SessionStatus::Uncertain && !others_uncertain {
+        commit.patch.status = Some(SessionStatus::Runnable);
+    }
+    commit
+        .events
+        .push(NewEvent::new("effect.resolved", data).in_turn(effect.turn_id.clone()));
+    let outcome = self::commit(tx, commit).await?;
+    if let Some(action) = action
+        && action_to == ActionStatus::Pending
+    {
+        // The claim is cleared; the next claim gets the next generation.
+        let mut action = tx.action(&action.action_id).await?.ok_or_else(|| {
+            StoreError::corrupt(Entity::Action, &action.action_id, "vanished while resolved")
+        })?;
+        action.claim_id = None;
+        action.lease_expires_at = None;
+        tx.update_action(&action).await?;
+    }
+    Ok(outcome)
+}
+
+pub(crate) async fn recover_in_flight_effects<T: Tx>(
+    tx: &mut T,
+    reason: &str,
+    leased_too: bool,
+) -> Result<Vec<Effect>, StoreError> {
+    let now = tx.now().await?;
+    let mut sessions = Vec::new();
+    // Bounded: only sessions that are running something can have effects in flight.
+    for status in [
+        SessionStatus::Running,
+        SessionStatus::Runnable,
+        SessionStatus::Waiting,
+        SessionStatus::Paused,
+        SessionStatus::Cancelled,
+        SessionStatus::Uncertain,
+        SessionStatus::Failed,
+        SessionStatus::Completed,
+    ] {
+        let filter = SessionFilter {
+            statuses: vec![status],
+            ..SessionFilter::default()
+        };
+        for session in tx.list_sessions(&filter).await? {
+            sessions.push(session.id);
+        }
+    }
+    sessions.sort();
+    let mut changed = Vec::new();
+    for session_id in sessions {
+        let Some(mut session) = tx.session(&session_id, true).await? else {
+            continue;
+        };
+        let held = session
+            .owner
+            .as_ref()
+            .is_some_and(|owner| owner.lease_expires_at > now);
+        if held && !leased_too {
+            continue;
+        }
+        let mut effects = tx
+            .session_effects(&session.id, Some(EffectStatus::Invoking))
+            .await?;
+        if effects.is_empty() {
+            continue;
+        }
+        let mut events = Vec::new();
+        for effect in &mut effects {
+            effect.status = EffectStatus::Uncertain;
+            effect.error = Some(reason.to_owned());
+            effect.updated_at = now;
+            tx.update_effect(effect).await?;
+            if session.status != SessionStatus::Cancelled
+                && session.active_turn_id.as_deref() == Some(effect.turn_id.as_str())
+            {
+                events.push(
+                    NewEvent::new(
+                        "effect.uncertain",
+                        json!({
+                            "effectId": effect.effect_id,
+                            "kind": effect.kind.as_str(),
+                            "message": reason,
+                        }),
+                    )
+                    .in_turn(effect.turn_id.clone()),
+                );
+            }
+        }
+        if !events.is_empty() {
+            session.status = SessionStatus::Uncertain;
+        }
+        let events = append_events(&mut session, events, now);
+        insert_events(tx, &events).await?;
+        save_session(tx, &mut session, now).await?;
+        changed.extend(effects);
+    }
+    Ok(changed)
+}
+
+/// Statuses as one comma-separated parameter (empty: any).
+pub(crate) fn status_list<S: Copy>(statuses: &[S], name: fn(S) -> &'static str) -> String {
+    statuses
+        .iter()
+        .map(|status| name(*status))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(crate) async fn page_sessions<T: Tx>(
+    tx: &mut T,
+    filter: &SessionFilter,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Session>, StoreError> {
+    let limit = require_page(limit)?;
+    tx.sessions_page(filter, after.unwrap_or(""), limit).await
+}
+
+pub(crate) async fn page_actions<T: Tx>(
+    tx: &mut T,
+    filter: &ActionFilter,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Action>, StoreError> {
+    let limit = require_page(limit)?;
+    tx.actions_page(filter, after.unwrap_or(""), limit).await
+}
+
+pub(crate) async fn page_effects<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    status: Option<EffectStatus>,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Effect>, StoreError> {
+    let limit = require_page(limit)?;
+    existing_session(tx, session_id).await?;
+    tx.effects_page(session_id, status, after.unwrap_or(""), limit)
+        .await
+}
+
+pub(crate) async fn claim_next_action<T: Tx>(
+    tx: &mut T,
+    scope: ExecutorScope,
+    claim_id: String,
+    lease: Duration,
+) -> Result<Option<ClaimedAction>, StoreError> {
+    require_id("claim id", &claim_id)?;
+    require_lease(lease)?;
+    let Some(action_id) = tx.next_claimable_action(&scope).await? else {
+        return Ok(None);
+    };
+    claim_action(
+        tx,
+        ClaimAction::new(
+            action_id,
+            claim_id,
+            lease,
+            scope.manifest_hash,
+            scope.implementation_version,
+        ),
+    )
+    .await
+    .map(Some)
 }

@@ -56,8 +56,10 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod backend;
 mod engine;
 mod error;
+mod feed;
 mod migrations;
 mod model;
 mod postgres;
@@ -68,16 +70,42 @@ mod store;
 pub mod testing;
 
 pub use error::{BoxError, Entity, OpenStoreError, StaleReason, StoreError};
+pub use feed::{EventNotice, WorkNotice};
 pub use model::{
     Action, ActionFilter, ActionGuard, ActionStatus, ActionTransition, AgentDefinition,
-    BeginEffect, BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction,
-    CommandRecord, CommitOutcome, CommitReceipt, CreatedSession, DEFAULT_IDEMPOTENCY_WINDOW,
-    Effect, EffectKind, EffectStatus, EffectTransition, Event, ExecutorScope, Fence,
-    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent, NewCheckpoint,
-    NewCommand, NewEffect, NewEvent, NewItem, NewSession, RetentionPolicy, RetentionReport,
-    Session, SessionCommit, SessionFilter, SessionOwner, SessionPatch, SessionStatus, StoreBackend,
-    Timestamp,
+    BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint, CheckpointWrite, ClaimAction,
+    ClaimedAction, CommandRecord, CommitOutcome, CommitReceipt, CompleteAction, CreatedSession,
+    DEFAULT_IDEMPOTENCY_WINDOW, Effect, EffectKind, EffectStatus, EffectTransition, Event,
+    ExecutorScope, Fence, HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent,
+    NewCheckpoint, NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution, ResolveEffect,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, SessionOwner,
+    SessionPatch, SessionStatus, StoreBackend, Timestamp,
 };
 pub use postgres::{PostgresConfig, PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 pub use store::Store;
+
+/// A replica id unique to this process start: `<hostname>-<pid>-<random hex>`.
+///
+/// A replica must use a fresh id at every start (never a configured constant), so that a
+/// restarted process never mistakes the lease of its previous life for its own: leases held
+/// under the old id simply expire. Call it once at start-up and keep the value.
+pub fn replica_id() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "host".to_owned());
+    // `RandomState` is seeded from the operating system's random source.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    hasher.write_u128(nanos);
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    format!("{host}-{}-{:016x}", std::process::id(), hasher.finish())
+}

@@ -132,6 +132,11 @@ text_enum! {
         ModelCall => "model_call",
         /// A call to a capability (a tool), in-process or by an external executor.
         CapabilityCall => "capability_call",
+        /// A person's (or an auto-confirm policy's) decision on a permission request.
+        Approval => "approval",
+        /// A step of a script's execution: its start marker, its result, and each batch of
+        /// completions delivered to it (what exact replay delivers again).
+        Script => "script",
     }
 }
 
@@ -572,6 +577,9 @@ pub struct NewEffect {
     pub status: EffectStatus,
     /// The request.
     pub request: Value,
+    /// The result, for an effect journaled as already [`EffectStatus::Completed`] (a decision
+    /// or a record that has no separate execution, such as an approval).
+    pub result: Option<Value>,
 }
 
 impl NewEffect {
@@ -589,6 +597,21 @@ impl NewEffect {
             kind,
             status,
             request,
+            result: None,
+        }
+    }
+
+    /// An effect journaled as completed with `result` in one step.
+    pub fn completed(
+        effect_id: impl Into<String>,
+        turn_id: impl Into<String>,
+        kind: EffectKind,
+        request: Value,
+        result: Value,
+    ) -> Self {
+        Self {
+            result: Some(result),
+            ..Self::new(effect_id, turn_id, kind, EffectStatus::Completed, request)
         }
     }
 }
@@ -966,6 +989,13 @@ pub struct SessionCommit {
     pub fence: Option<Fence>,
     /// When set, the commit succeeds only if the session's version is still this one.
     pub expect_version: Option<u64>,
+    /// When set, the commit succeeds only if the session's active turn is still this one
+    /// (`Some(None)`: no active turn); otherwise [`crate::StoreError::Conflict`]. A turn runner
+    /// sets it on every write so that a cancelled or superseded turn cannot write.
+    pub expect_turn: Option<Option<String>>,
+    /// When not empty, the commit succeeds only if the session's status is one of these;
+    /// otherwise [`crate::StoreError::Conflict`].
+    pub expect_status: Vec<SessionStatus>,
     /// The command this commit answers: a replay returns its first response instead of applying.
     pub command: Option<NewCommand>,
     /// Changes to the session row.
@@ -1025,6 +1055,12 @@ pub struct RetentionPolicy {
     pub closed_session_ttl: Option<Duration>,
     /// Per-tenant overrides of `closed_session_ttl`.
     pub tenant_closed_session_ttl: BTreeMap<String, Duration>,
+    /// How long the events and items of closed sessions of tenants without an override are
+    /// kept (`None`: as long as the session). The session row stays, so its cursors continue
+    /// without a gap if it is reopened; reads after a pruned cursor start at the oldest kept.
+    pub closed_history_ttl: Option<Duration>,
+    /// Per-tenant overrides of `closed_history_ttl`.
+    pub tenant_closed_history_ttl: BTreeMap<String, Duration>,
     /// How long a superseded checkpoint is kept after it was superseded.
     pub superseded_checkpoint_ttl: Duration,
     /// How long idempotency records are kept at least, even after their session is deleted.
@@ -1041,6 +1077,8 @@ impl Default for RetentionPolicy {
         Self {
             closed_session_ttl: None,
             tenant_closed_session_ttl: BTreeMap::new(),
+            closed_history_ttl: None,
+            tenant_closed_history_ttl: BTreeMap::new(),
             superseded_checkpoint_ttl: Duration::ZERO,
             idempotency_window: DEFAULT_IDEMPOTENCY_WINDOW,
         }
@@ -1057,6 +1095,10 @@ pub struct RetentionReport {
     pub checkpoints_pruned: u64,
     /// Idempotency records older than the window pruned.
     pub commands_pruned: u64,
+    /// Events of closed sessions older than their tenant's history expiry deleted.
+    pub events_pruned: u64,
+    /// Conversation items of closed sessions older than their tenant's history expiry deleted.
+    pub items_pruned: u64,
 }
 
 /// Which implementation a store is.
@@ -1123,5 +1165,121 @@ mod tests {
             Timestamp::from_unix_millis(1_000).saturating_add(Duration::from_millis(250)),
             Timestamp::from_unix_millis(1_250)
         );
+    }
+}
+
+/// The arguments of [`crate::Store::cancel_turn`].
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct CancelTurn {
+    /// The session.
+    pub session_id: String,
+    /// When set, the cancel applies only under this lease.
+    pub fence: Option<Fence>,
+    /// When set, the cancel applies only if this is still the active turn (`Some(None)`: no
+    /// active turn); otherwise [`crate::StoreError::Conflict`].
+    pub expect_turn: Option<Option<String>>,
+    /// The reason, as the `turn.cancelled` event's `reason`.
+    pub reason: Option<String>,
+    /// The session state to restore (the state from before the cancelled turn); unchanged
+    /// when `None`.
+    pub restore_state: Option<Value>,
+    /// The cancel command, recorded (and replayed) like [`SessionCommit::command`].
+    pub command: Option<NewCommand>,
+}
+
+impl CancelTurn {
+    /// A cancel of whatever turn `session_id` is running.
+    pub fn new(session_id: impl Into<String>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The arguments of [`crate::Store::complete_action`]: an executor's result.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct CompleteAction {
+    /// The action's session.
+    pub session_id: String,
+    /// The action.
+    pub action_id: String,
+    /// The claim the executor holds.
+    pub claim_id: String,
+    /// The claim's generation.
+    pub generation: u64,
+    /// The outcome, stored as the action's and its effect's result.
+    pub outcome: Value,
+    /// The `action.completed` event's data; `{"actionId", "result"}` (the outcome's `value`
+    /// field, or the whole outcome) when `None`.
+    pub event_data: Option<Value>,
+    /// The `action_result` command, recorded under its idempotency key.
+    pub command: NewCommand,
+}
+
+impl CompleteAction {
+    /// The result `outcome` of the claim (`claim_id`, `generation`) on `action_id`.
+    pub fn new(
+        session_id: impl Into<String>,
+        action_id: impl Into<String>,
+        claim_id: impl Into<String>,
+        generation: u64,
+        outcome: Value,
+        command: NewCommand,
+    ) -> Self {
+        Self {
+            session_id: session_id.into(),
+            action_id: action_id.into(),
+            claim_id: claim_id.into(),
+            generation,
+            outcome,
+            event_data: None,
+            command,
+        }
+    }
+}
+
+/// How an operator settles an uncertain effect ([`crate::Store::resolve_effect`]).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// Perform it again: the effect (and its action, for a new claim) become pending.
+    Retry,
+    /// It happened with this outcome: the effect (and its action) become completed.
+    Complete(Value),
+}
+
+/// The arguments of [`crate::Store::resolve_effect`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ResolveEffect {
+    /// The effect's session.
+    pub session_id: String,
+    /// The uncertain effect.
+    pub effect_id: String,
+    /// The decision.
+    pub resolution: Resolution,
+    /// When set, the resolution applies only under this lease.
+    pub fence: Option<Fence>,
+    /// The `resolve` command, recorded (and replayed) like [`SessionCommit::command`].
+    pub command: Option<NewCommand>,
+}
+
+impl ResolveEffect {
+    /// Settles `effect_id` of `session_id` with `resolution`.
+    pub fn new(
+        session_id: impl Into<String>,
+        effect_id: impl Into<String>,
+        resolution: Resolution,
+    ) -> Self {
+        Self {
+            session_id: session_id.into(),
+            effect_id: effect_id.into(),
+            resolution,
+            fence: None,
+            command: None,
+        }
     }
 }

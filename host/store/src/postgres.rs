@@ -4,29 +4,30 @@ use std::error::Error as _;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
+use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Statement};
+use tokio_postgres::{AsyncMessage, NoTls, Statement};
 
+use crate::backend::Backend;
 use crate::engine::{
     self, Row, Tx, action_columns, agent_columns, checkpoint_columns, command_columns, counter,
     effect_columns, event_columns, item_columns, owner_columns, session_columns,
 };
 use crate::error::{BoxError, Entity, OpenStoreError, StoreError};
+use crate::feed::{EventNotice, Feed, Notice, WorkNotice};
 use crate::migrations;
 use crate::model::{
-    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
-    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
-    Event, Fence, HeartbeatAction, Item, ItemPage, Lease, NewAgent, NewCheckpoint, NewEvent,
-    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter,
-    StoreBackend, Timestamp,
+    Action, ActionFilter, ActionStatus, AgentDefinition, Checkpoint, CommandRecord, Effect,
+    EffectStatus, Event, ExecutorScope, Item, NewAgent, NewCheckpoint, Session, SessionFilter,
+    SessionStatus, StoreBackend, Timestamp,
 };
-use crate::store::Store;
 
 /// The connection settings of `tokio-postgres` (host, port, user, database, timeouts...).
 pub use tokio_postgres::Config as PostgresConfig;
@@ -53,6 +54,13 @@ pub struct PostgresOptions {
     /// How long an operation waits for a free connection before failing as
     /// [`StoreError::Unavailable`] (default 30 s).
     pub wait_timeout: Duration,
+    /// The server cancels a statement running longer (`statement_timeout`, default 30 s).
+    pub statement_timeout: Duration,
+    /// The server cancels a statement waiting longer for a lock (`lock_timeout`, default 10 s).
+    pub lock_timeout: Duration,
+    /// The TLS settings used when the configuration's `sslmode` is `require`; `None` for the
+    /// webpki (Mozilla) roots.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl PostgresOptions {
@@ -65,7 +73,65 @@ impl PostgresOptions {
             config,
             pool_size: 16,
             wait_timeout: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(10),
+            tls: None,
         }
+    }
+
+    /// These options with the server-side statement and lock timeouts.
+    pub fn timeouts(mut self, statement: Duration, lock: Duration) -> Self {
+        self.statement_timeout = statement;
+        self.lock_timeout = lock;
+        self
+    }
+
+    /// These options with this TLS configuration for `sslmode=require`.
+    pub fn tls(mut self, tls: Arc<rustls::ClientConfig>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The configuration every connection uses: the timeouts as session settings.
+    fn session_config(&self) -> PostgresConfig {
+        let mut config = self.config.clone();
+        let timeouts = format!(
+            "-c statement_timeout={} -c lock_timeout={}",
+            self.statement_timeout.as_millis(),
+            self.lock_timeout.as_millis()
+        );
+        let options = match self.config.get_options() {
+            Some(existing) if !existing.is_empty() => format!("{existing} {timeouts}"),
+            _ => timeouts,
+        };
+        config.options(&options);
+        config
+    }
+
+    /// The TLS connector `sslmode` asks for: rustls for `require`, none otherwise (`prefer`,
+    /// the default, then connects in plain text).
+    fn connector(&self) -> Result<Tls, OpenStoreError> {
+        if self.config.get_ssl_mode() != tokio_postgres::config::SslMode::Require {
+            return Ok(Tls::Plain);
+        }
+        let config = match &self.tls {
+            Some(config) => (**config).clone(),
+            None => {
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|error| OpenStoreError::InvalidSettings {
+                        reason: format!("TLS: {error}"),
+                    })?
+                    .with_root_certificates(rustls::RootCertStore {
+                        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+                    })
+                    .with_no_client_auth()
+            }
+        };
+        Ok(Tls::Rustls(tokio_postgres_rustls::MakeRustlsConnect::new(
+            config,
+        )))
     }
 
     /// Options from a connection URL (`postgres://user@host:port/database`) or a key-value string.
@@ -92,6 +158,17 @@ impl PostgresOptions {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    shared: Arc<Shared>,
+}
+
+/// What the handles of one store share with its listener task.
+struct Shared {
+    feed: Feed,
+    /// Tags this store's notifications, so that its listener skips its own (they were published
+    /// locally at commit).
+    origin: String,
+    /// Dropped (or set) to stop the listener.
+    stop: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -116,7 +193,12 @@ impl PostgresStore {
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        let manager = Manager::from_config(options.config, NoTls, manager_config);
+        let tls = options.connector()?;
+        let config = options.session_config();
+        let manager = match &tls {
+            Tls::Plain => Manager::from_config(config.clone(), NoTls, manager_config),
+            Tls::Rustls(tls) => Manager::from_config(config.clone(), tls.clone(), manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
             .runtime(Runtime::Tokio1)
@@ -140,12 +222,41 @@ impl PostgresStore {
             }
         })?;
         migrate(&mut client).await?;
-        Ok(Self { pool })
+        drop(client);
+        let (stop, stopped) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            feed: Feed::default(),
+            origin: crate::replica_id(),
+            stop,
+        });
+        // The first LISTEN completes before `connect` returns: a commit made by anyone after it
+        // is announced to this store's subscribers.
+        let listener = listen(&config, &tls).await.map_err(|error| match error {
+            StoreError::Unavailable { source, .. } => OpenStoreError::Unavailable {
+                action: "listen for changes",
+                source,
+            },
+            other => OpenStoreError::Backend {
+                action: "listen for changes",
+                source: Box::new(other),
+            },
+        })?;
+        tokio::spawn(run_listener(
+            config,
+            tls,
+            pool.clone(),
+            Arc::downgrade(&shared),
+            stopped,
+            listener,
+        ));
+        Ok(Self { pool, shared })
     }
 
-    /// Closes the pool: later operations fail as [`StoreError::Unavailable`].
+    /// Closes the pool and stops the change listener: later operations fail as
+    /// [`StoreError::Unavailable`].
     pub fn close(&self) {
         self.pool.close();
+        let _ = self.shared.stop.send(true);
     }
 }
 
@@ -211,6 +322,286 @@ async fn migrate(client: &mut deadpool_postgres::Object) -> Result<(), OpenStore
         .map_err(failed)?;
     }
     tx.commit().await.map_err(failed("commit the migrations"))
+}
+
+/// The `NOTIFY` channels of the change feed.
+const EVENTS_CHANNEL: &str = "corral_events";
+const WORK_CHANNEL: &str = "corral_work";
+
+/// Payloads stay well under PostgreSQL's 8000-byte limit.
+const MAX_PAYLOAD: usize = 7_000;
+
+/// How often an idle listener checks its connection (and notes the server's time, from which
+/// it catches up after a reconnection).
+const LISTEN_PROBE: Duration = Duration::from_secs(5);
+
+/// The `pg_notify` calls announcing `notices`: (channel, JSON payload), at most
+/// [`MAX_PAYLOAD`] bytes each. Events: `{"o": origin, "e": [[session, first, last], ...]}`;
+/// work: `{"o": origin, "w": [action, ...]}`.
+fn notify_payloads(origin: &str, notices: &[Notice]) -> Vec<(&'static str, String)> {
+    let mut payloads = Vec::new();
+    let mut events: Vec<serde_json::Value> = Vec::new();
+    let mut work: Vec<serde_json::Value> = Vec::new();
+    let mut events_size = 0;
+    let mut work_size = 0;
+    let flush = |payloads: &mut Vec<(&'static str, String)>,
+                 channel: &'static str,
+                 key: &str,
+                 entries: &mut Vec<serde_json::Value>| {
+        if !entries.is_empty() {
+            let payload = serde_json::json!({"o": origin, key: std::mem::take(entries)});
+            payloads.push((channel, payload.to_string()));
+        }
+    };
+    for notice in notices {
+        match notice {
+            Notice::Events {
+                session_id,
+                first,
+                last,
+            } => {
+                let entry = serde_json::json!([session_id, first, last]);
+                let size = entry.to_string().len() + 1;
+                if events_size + size > MAX_PAYLOAD - origin.len() - 16 {
+                    flush(&mut payloads, EVENTS_CHANNEL, "e", &mut events);
+                    events_size = 0;
+                }
+                events_size += size;
+                events.push(entry);
+            }
+            Notice::Work { action_id } => {
+                let size = action_id.len() + 3;
+                if work_size + size > MAX_PAYLOAD - origin.len() - 16 {
+                    flush(&mut payloads, WORK_CHANNEL, "w", &mut work);
+                    work_size = 0;
+                }
+                work_size += size;
+                work.push(serde_json::Value::from(action_id.as_str()));
+            }
+        }
+    }
+    flush(&mut payloads, EVENTS_CHANNEL, "e", &mut events);
+    flush(&mut payloads, WORK_CHANNEL, "w", &mut work);
+    payloads
+}
+
+/// Publishes a notification of another store (ours were published at commit).
+fn forward(shared: &Shared, channel: &str, payload: &str) {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(payload) else {
+        return;
+    };
+    if value.get("o").and_then(serde_json::Value::as_str) == Some(shared.origin.as_str()) {
+        return;
+    }
+    let mut notices = Vec::new();
+    if channel == EVENTS_CHANNEL {
+        for entry in value
+            .get("e")
+            .and_then(|e| e.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let (Some(session_id), Some(first), Some(last)) = (
+                entry.get(0).and_then(serde_json::Value::as_str),
+                entry.get(1).and_then(serde_json::Value::as_u64),
+                entry.get(2).and_then(serde_json::Value::as_u64),
+            ) else {
+                continue;
+            };
+            notices.push(Notice::Events {
+                session_id: session_id.to_owned(),
+                first,
+                last,
+            });
+        }
+    } else if channel == WORK_CHANNEL {
+        for action_id in value
+            .get("w")
+            .and_then(|w| w.as_array())
+            .into_iter()
+            .flatten()
+        {
+            if let Some(action_id) = action_id.as_str() {
+                notices.push(Notice::Work {
+                    action_id: action_id.to_owned(),
+                });
+            }
+        }
+    }
+    shared.feed.publish(&notices);
+}
+
+/// A connection that has run `LISTEN` on the feed's channels, and the task driving it.
+struct Listener {
+    client: tokio_postgres::Client,
+    /// Notifications as they arrive; closed when the connection ends.
+    notifications: tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+}
+
+/// How connections are secured.
+#[derive(Clone)]
+enum Tls {
+    Plain,
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+/// Opens a dedicated connection and listens on the feed's channels.
+async fn listen(config: &PostgresConfig, tls: &Tls) -> Result<Listener, StoreError> {
+    let (sender, notifications) = tokio::sync::mpsc::unbounded_channel();
+    let client = match tls {
+        Tls::Plain => {
+            let (client, connection) = config
+                .connect(NoTls)
+                .await
+                .map_err(|error| pg_error("connect the change listener", error))?;
+            tokio::spawn(forward_notifications(connection, sender));
+            client
+        }
+        Tls::Rustls(tls) => {
+            let (client, connection) = config
+                .connect(tls.clone())
+                .await
+                .map_err(|error| pg_error("connect the change listener", error))?;
+            tokio::spawn(forward_notifications(connection, sender));
+            client
+        }
+    };
+    client
+        .batch_execute(&format!("LISTEN {EVENTS_CHANNEL}; LISTEN {WORK_CHANNEL}"))
+        .await
+        .map_err(|error| pg_error("listen for changes", error))?;
+    Ok(Listener {
+        client,
+        notifications,
+    })
+}
+
+/// Drives a listening connection, passing its notifications on until it ends.
+async fn forward_notifications<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    sender: tokio::sync::mpsc::UnboundedSender<tokio_postgres::Notification>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut messages = futures::stream::poll_fn(move |context| connection.poll_message(context));
+    while let Some(Ok(message)) = futures::StreamExt::next(&mut messages).await {
+        if let AsyncMessage::Notification(notification) = message
+            && sender.send(notification).is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// The server's clock, in Unix milliseconds.
+async fn server_clock(client: &tokio_postgres::Client) -> Result<i64, tokio_postgres::Error> {
+    client
+        .query_one(concat!("SELECT ", clock!()), &[])
+        .await?
+        .try_get(0)
+}
+
+/// Forwards other stores' notifications until the store is closed or dropped; reconnects with
+/// a backoff when the connection is lost, then announces every session and action written
+/// since the last moment the old connection was known to work (their notifications may have
+/// been missed).
+async fn run_listener(
+    config: PostgresConfig,
+    tls: Tls,
+    pool: Pool,
+    shared: Weak<Shared>,
+    mut stopped: watch::Receiver<bool>,
+    first: Listener,
+) {
+    let mut listener = Some(first);
+    let mut alive_since: Option<i64> = None;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if *stopped.borrow() {
+            return;
+        }
+        let mut current = match listener.take() {
+            Some(current) => current,
+            None => match listen(&config, &tls).await {
+                Ok(current) => {
+                    backoff = Duration::from_millis(50);
+                    if let (Some(since), Some(shared)) = (alive_since, shared.upgrade()) {
+                        catch_up(&pool, &shared, since).await;
+                    }
+                    current
+                }
+                Err(_) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stopped.changed() => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+        };
+        if let Ok(now) = server_clock(&current.client).await {
+            alive_since = Some(now);
+        }
+        loop {
+            tokio::select! {
+                notification = current.notifications.recv() => {
+                    let Some(notification) = notification else { break };
+                    let Some(shared) = shared.upgrade() else { return };
+                    forward(&shared, notification.channel(), notification.payload());
+                }
+                _ = tokio::time::sleep(LISTEN_PROBE) => {
+                    match server_clock(&current.client).await {
+                        Ok(now) => alive_since = Some(now),
+                        Err(_) => break,
+                    }
+                }
+                changed = stopped.changed() => {
+                    if changed.is_err() || *stopped.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Announces what was written at or after `since` (server milliseconds, less a second of slack).
+async fn catch_up(pool: &Pool, shared: &Shared, since: i64) {
+    let Ok(client) = pool.get().await else {
+        return;
+    };
+    let since = since - 1_000;
+    if let Ok(rows) = client
+        .query(
+            "SELECT id, last_cursor FROM corral_sessions WHERE updated_at >= $1 AND last_cursor > 0",
+            &[&since],
+        )
+        .await
+    {
+        for row in rows {
+            if let (Ok(session_id), Ok(cursor)) = (row.try_get::<_, String>(0), row.try_get::<_, i64>(1)) {
+                shared.feed.event_notice(EventNotice {
+                    session_id,
+                    cursor: u64::try_from(cursor).unwrap_or(0),
+                });
+            }
+        }
+    }
+    if let Ok(rows) = client
+        .query(
+            "SELECT action_id FROM corral_actions WHERE status = 'pending' AND updated_at >= $1",
+            &[&since],
+        )
+        .await
+    {
+        for row in rows {
+            if let Ok(action_id) = row.try_get::<_, String>(0) {
+                shared.feed.work_notice(WorkNotice { action_id });
+            }
+        }
+    }
 }
 
 /// Whether a driver error means "the database is out of reach or asked us to retry".
@@ -332,10 +723,11 @@ impl Drop for Lent {
 /// event, replace the checkpoint, update the session) costs two round trips, `BEGIN` + lock and
 /// writes + `COMMIT`. The server executes pipelined statements in the order they were sent, which
 /// is the order the engine issued them.
-struct PgTx<'c> {
+pub(crate) struct PgTx<'c> {
     client: &'c deadpool_postgres::ClientWrapper,
     pending: Vec<Deferred>,
     now: Option<Timestamp>,
+    notices: Vec<Notice>,
 }
 
 impl<'c> PgTx<'c> {
@@ -344,6 +736,7 @@ impl<'c> PgTx<'c> {
             client,
             pending: vec![Deferred::Begin],
             now: None,
+            notices: Vec::new(),
         }
     }
 
@@ -413,11 +806,21 @@ impl<'c> PgTx<'c> {
         in_order(writes, last).await
     }
 
-    /// Sends the remaining writes and `COMMIT` in one flight.
-    async fn commit(mut self) -> Result<(), StoreError> {
+    /// Sends the remaining writes, the `pg_notify` calls announcing the transaction's notices
+    /// (delivered by the server only if it commits) and `COMMIT` in one flight; returns the
+    /// notices for the local subscribers.
+    async fn commit(mut self, origin: &str) -> Result<Vec<Notice>, StoreError> {
         if matches!(self.pending.as_slice(), [Deferred::Begin]) {
             // Nothing was sent: there is no transaction to commit.
-            return Ok(());
+            return Ok(Vec::new());
+        }
+        let notices = std::mem::take(&mut self.notices);
+        for (channel, payload) in notify_payloads(origin, &notices) {
+            self.defer(
+                "announce a change",
+                "SELECT pg_notify($1, $2)",
+                owned![channel.to_owned(), payload],
+            );
         }
         let client = self.client;
         self.pipeline(async move {
@@ -426,7 +829,8 @@ impl<'c> PgTx<'c> {
                 .await
                 .map_err(|error| pg_error("commit", error))
         })
-        .await
+        .await?;
+        Ok(notices)
     }
 
     async fn execute(
@@ -519,6 +923,10 @@ async fn in_order<T>(
 }
 
 impl Tx for PgTx<'_> {
+    fn notices(&mut self) -> &mut Vec<Notice> {
+        &mut self.notices
+    }
+
     async fn ping(&mut self) -> Result<(), StoreError> {
         self.query_all("ping", "SELECT 1::bigint", &[], |row| row.int(0))
             .await?;
@@ -1058,6 +1466,119 @@ impl Tx for PgTx<'_> {
             .collect())
     }
 
+    async fn sessions_page(
+        &mut self,
+        filter: &SessionFilter,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<Session>, StoreError> {
+        let statuses = engine::status_list(&filter.statuses, SessionStatus::as_str);
+        self.query_all(
+            "page sessions",
+            concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM corral_sessions WHERE id > $1 AND ($2::text IS NULL OR tenant_id = $2) \
+                 AND ($3::text IS NULL OR agent_id = $3) \
+                 AND ($4 = '' OR status = ANY(string_to_array($4, ','))) \
+                 ORDER BY id LIMIT $5"
+            ),
+            &[
+                &after,
+                &filter.tenant_id,
+                &filter.agent_id,
+                &statuses,
+                &limit,
+            ],
+            engine::decode_session,
+        )
+        .await
+    }
+
+    async fn actions_page(
+        &mut self,
+        filter: &ActionFilter,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<Action>, StoreError> {
+        let scope = filter.scope.as_ref();
+        let statuses = engine::status_list(&filter.statuses, ActionStatus::as_str);
+        self.query_all(
+            "page actions",
+            concat!(
+                "SELECT ",
+                action_columns!(),
+                " FROM corral_actions WHERE action_id > $1 \
+                 AND ($2::text IS NULL OR session_id = $2) \
+                 AND ($3::text IS NULL OR agent_id = $3) \
+                 AND ($4::text IS NULL OR manifest_hash = $4) \
+                 AND ($5::text IS NULL OR implementation_version = $5) \
+                 AND ($6 = '' OR status = ANY(string_to_array($6, ','))) \
+                 ORDER BY action_id LIMIT $7"
+            ),
+            &[
+                &after,
+                &filter.session_id,
+                &scope.map(|s| s.agent_id.as_str()),
+                &scope.map(|s| s.manifest_hash.as_str()),
+                &scope.map(|s| s.implementation_version.as_str()),
+                &statuses,
+                &limit,
+            ],
+            engine::decode_action,
+        )
+        .await
+    }
+
+    async fn effects_page(
+        &mut self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<Effect>, StoreError> {
+        self.query_all(
+            "page effects",
+            concat!(
+                "SELECT ",
+                effect_columns!(),
+                " FROM corral_effects WHERE session_id = $1 AND effect_id > $2 \
+                 AND ($3::text IS NULL OR status = $3) ORDER BY effect_id LIMIT $4"
+            ),
+            &[
+                &session_id,
+                &after,
+                &status.map(EffectStatus::as_str),
+                &limit,
+            ],
+            engine::decode_effect,
+        )
+        .await
+    }
+
+    async fn next_claimable_action(
+        &mut self,
+        scope: &ExecutorScope,
+    ) -> Result<Option<String>, StoreError> {
+        // Only the session row is locked, as the locking rule wants; sessions another
+        // transaction holds are skipped, so concurrent executors spread over the work.
+        self.query_opt(
+            "find a claimable action",
+            "SELECT a.action_id FROM corral_actions a JOIN corral_sessions s \
+             ON s.id = a.session_id WHERE a.status = 'pending' AND a.agent_id = $1 \
+             AND a.manifest_hash = $2 AND a.implementation_version = $3 \
+             AND s.active_turn_id = a.turn_id AND s.status <> 'cancelled' \
+             ORDER BY a.created_at, a.action_id LIMIT 1 FOR UPDATE OF s SKIP LOCKED",
+            &[
+                &scope.agent_id,
+                &scope.manifest_hash,
+                &scope.implementation_version,
+            ],
+            |row| row.text(0),
+        )
+        .await
+    }
+
     async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError> {
         self.query_all(
             "find expired claims",
@@ -1065,9 +1586,9 @@ impl Tx for PgTx<'_> {
                 "SELECT ",
                 action_columns!(),
                 " FROM corral_actions WHERE status = 'claimed' AND lease_expires_at <= $1 \
-                 ORDER BY session_id, action_id"
+                 ORDER BY session_id, action_id LIMIT $2"
             ),
-            &[&now.as_unix_millis()],
+            &[&now.as_unix_millis(), &engine::BATCH],
             engine::decode_action,
         )
         .await
@@ -1119,11 +1640,33 @@ impl Tx for PgTx<'_> {
         self.query_all(
             "find expired sessions",
             "SELECT id, tenant_id FROM corral_sessions WHERE status = 'closed' \
-             AND closed_at <= $2 AND ($1::text IS NULL OR tenant_id = $1) ORDER BY id",
-            &[&tenant_id, &cutoff.as_unix_millis()],
+             AND closed_at <= $2 AND ($1::text IS NULL OR tenant_id = $1) ORDER BY id LIMIT $3",
+            &[&tenant_id, &cutoff.as_unix_millis(), &engine::BATCH],
             |row| Ok((row.text(0)?, row.text(1)?)),
         )
         .await
+    }
+
+    async fn prune_history(
+        &mut self,
+        session_id: &str,
+        cutoff: Timestamp,
+    ) -> Result<(u64, u64), StoreError> {
+        let events = self
+            .execute(
+                "prune events",
+                "DELETE FROM corral_events WHERE session_id = $1 AND created_at <= $2",
+                &[&session_id, &cutoff.as_unix_millis()],
+            )
+            .await?;
+        let items = self
+            .execute(
+                "prune items",
+                "DELETE FROM corral_items WHERE session_id = $1 AND created_at <= $2",
+                &[&session_id, &cutoff.as_unix_millis()],
+            )
+            .await?;
+        Ok((events, items))
     }
 
     async fn delete_session(&mut self, id: &str) -> Result<(), StoreError> {
@@ -1159,11 +1702,28 @@ impl Tx for PgTx<'_> {
     }
 }
 
-/// Runs one engine transaction on a pooled connection: `pg_tx!(self, "op", |tx| future)`.
-macro_rules! pg_tx {
-    ($store:expr, $operation:literal, |$tx:ident| $body:expr) => {{
-        let operation: &'static str = $operation;
-        let object = $store
+impl Backend for PostgresStore {
+    type Tx<'c> = PgTx<'c>;
+
+    const KIND: StoreBackend = StoreBackend::Postgres;
+
+    fn feed(&self) -> &Feed {
+        &self.shared.feed
+    }
+
+    async fn transact<R, F>(
+        &self,
+        operation: &'static str,
+        _write: bool,
+        work: F,
+    ) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: for<'a, 'c> FnOnce(&'a mut PgTx<'c>) -> BoxFuture<'a, Result<R, StoreError>>
+            + Send
+            + 'static,
+    {
+        let object = self
             .pool
             .get()
             .await
@@ -1172,212 +1732,14 @@ macro_rules! pg_tx {
             object,
             finished: false,
         };
-        let output = {
+        let (output, notices) = {
             let mut open = PgTx::new(&lent.object);
-            let output = {
-                let $tx = &mut open;
-                $body.await?
-            };
-            open.commit().await?;
-            output
+            let output = work(&mut open).await?;
+            let notices = open.commit(&self.shared.origin).await?;
+            (output, notices)
         };
         lent.finished = true;
+        self.shared.feed.publish(&notices);
         Ok(output)
-    }};
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    fn backend(&self) -> StoreBackend {
-        StoreBackend::Postgres
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        pg_tx!(self, "ping", |tx| engine::ping(tx))
-    }
-
-    async fn put_agent(&self, agent: NewAgent) -> Result<AgentDefinition, StoreError> {
-        pg_tx!(self, "put_agent", |tx| engine::put_agent(tx, agent))
-    }
-
-    async fn get_agent(&self, agent_id: &str) -> Result<AgentDefinition, StoreError> {
-        pg_tx!(self, "get_agent", |tx| engine::get_agent(tx, agent_id))
-    }
-
-    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError> {
-        pg_tx!(self, "list_agents", |tx| engine::list_agents(tx))
-    }
-
-    async fn create_session(&self, session: NewSession) -> Result<CreatedSession, StoreError> {
-        pg_tx!(self, "create_session", |tx| engine::create_session(
-            tx, session
-        ))
-    }
-
-    async fn get_session(&self, session_id: &str) -> Result<Session, StoreError> {
-        pg_tx!(self, "get_session", |tx| engine::get_session(
-            tx, session_id
-        ))
-    }
-
-    async fn list_sessions(&self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError> {
-        pg_tx!(self, "list_sessions", |tx| engine::list_sessions(
-            tx, filter
-        ))
-    }
-
-    async fn commit(&self, commit: SessionCommit) -> Result<CommitOutcome, StoreError> {
-        pg_tx!(self, "commit", |tx| engine::commit(tx, commit))
-    }
-
-    async fn append_event(
-        &self,
-        session_id: &str,
-        fence: Option<&Fence>,
-        event: NewEvent,
-    ) -> Result<Event, StoreError> {
-        pg_tx!(self, "append_event", |tx| engine::append_event(
-            tx,
-            session_id,
-            fence.cloned(),
-            event
-        ))
-    }
-
-    async fn list_events(
-        &self,
-        session_id: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError> {
-        pg_tx!(self, "list_events", |tx| engine::list_events(
-            tx, session_id, after, limit
-        ))
-    }
-
-    async fn page_items(
-        &self,
-        session_id: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<ItemPage, StoreError> {
-        pg_tx!(self, "page_items", |tx| engine::page_items(
-            tx, session_id, after, limit
-        ))
-    }
-
-    async fn live_checkpoint(&self, session_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        pg_tx!(self, "live_checkpoint", |tx| engine::live_checkpoint(
-            tx, session_id
-        ))
-    }
-
-    async fn get_command(
-        &self,
-        session_id: &str,
-        idempotency_key: &str,
-    ) -> Result<Option<CommandRecord>, StoreError> {
-        pg_tx!(self, "get_command", |tx| engine::get_command(
-            tx,
-            session_id,
-            idempotency_key
-        ))
-    }
-
-    async fn begin_effect(&self, begin: BeginEffect) -> Result<BeginEffectOutcome, StoreError> {
-        pg_tx!(self, "begin_effect", |tx| engine::begin_effect(tx, begin))
-    }
-
-    async fn get_effect(&self, effect_id: &str) -> Result<Effect, StoreError> {
-        pg_tx!(self, "get_effect", |tx| engine::get_effect(tx, effect_id))
-    }
-
-    async fn list_effects(
-        &self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-    ) -> Result<Vec<Effect>, StoreError> {
-        pg_tx!(self, "list_effects", |tx| engine::list_effects(
-            tx, session_id, status
-        ))
-    }
-
-    async fn mark_in_flight_effects_uncertain(
-        &self,
-        fence: &Fence,
-        reason: &str,
-    ) -> Result<Vec<Effect>, StoreError> {
-        pg_tx!(self, "mark_in_flight_effects_uncertain", |tx| {
-            engine::mark_in_flight_effects_uncertain(tx, fence.clone(), reason)
-        })
-    }
-
-    async fn get_action(&self, action_id: &str) -> Result<Action, StoreError> {
-        pg_tx!(self, "get_action", |tx| engine::get_action(tx, action_id))
-    }
-
-    async fn list_actions(&self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError> {
-        pg_tx!(self, "list_actions", |tx| engine::list_actions(tx, filter))
-    }
-
-    async fn claim_action(&self, claim: ClaimAction) -> Result<ClaimedAction, StoreError> {
-        pg_tx!(self, "claim_action", |tx| engine::claim_action(tx, claim))
-    }
-
-    async fn heartbeat_action(&self, heartbeat: HeartbeatAction) -> Result<Action, StoreError> {
-        pg_tx!(self, "heartbeat_action", |tx| engine::heartbeat_action(
-            tx, heartbeat
-        ))
-    }
-
-    async fn expire_action_claims(&self) -> Result<Vec<Action>, StoreError> {
-        pg_tx!(self, "expire_action_claims", |tx| {
-            engine::expire_action_claims(tx)
-        })
-    }
-
-    async fn claim_runnable_session(
-        &self,
-        replica_id: &str,
-        lease: Duration,
-    ) -> Result<Option<Lease>, StoreError> {
-        pg_tx!(self, "claim_runnable_session", |tx| {
-            engine::claim_runnable_session(tx, replica_id, lease)
-        })
-    }
-
-    async fn acquire_session(
-        &self,
-        session_id: &str,
-        replica_id: &str,
-        lease: Duration,
-    ) -> Result<Lease, StoreError> {
-        pg_tx!(self, "acquire_session", |tx| engine::acquire_session(
-            tx, session_id, replica_id, lease
-        ))
-    }
-
-    async fn renew_lease(&self, fence: &Fence, lease: Duration) -> Result<Lease, StoreError> {
-        pg_tx!(self, "renew_lease", |tx| engine::renew_lease(
-            tx,
-            fence.clone(),
-            lease
-        ))
-    }
-
-    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
-        pg_tx!(self, "release_lease", |tx| engine::release_lease(
-            tx,
-            fence.clone()
-        ))
-    }
-
-    async fn apply_retention(
-        &self,
-        policy: &RetentionPolicy,
-    ) -> Result<RetentionReport, StoreError> {
-        pg_tx!(self, "apply_retention", |tx| engine::apply_retention(
-            tx, policy
-        ))
     }
 }

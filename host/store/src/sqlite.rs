@@ -7,23 +7,22 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
-use async_trait::async_trait;
+use futures::future::BoxFuture;
 use rusqlite::{Connection, ErrorCode, ToSql, TransactionBehavior, params};
 
+use crate::backend::Backend;
 use crate::engine::{
     self, Row, Tx, action_columns, agent_columns, checkpoint_columns, command_columns, counter,
     effect_columns, event_columns, item_columns, owner_columns, session_columns,
 };
 use crate::error::{OpenStoreError, StoreError};
+use crate::feed::{Feed, Notice};
 use crate::migrations::{self, Migration};
 use crate::model::{
-    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
-    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
-    Event, Fence, HeartbeatAction, Item, ItemPage, Lease, NewAgent, NewCheckpoint, NewEvent,
-    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter,
-    StoreBackend, Timestamp,
+    Action, ActionFilter, ActionStatus, AgentDefinition, Checkpoint, CommandRecord, Effect,
+    EffectStatus, Event, ExecutorScope, Item, NewAgent, NewCheckpoint, Session, SessionFilter,
+    SessionStatus, StoreBackend, Timestamp,
 };
-use crate::store::Store;
 
 /// When SQLite waits for the disk before acknowledging a commit.
 ///
@@ -82,6 +81,7 @@ pub struct SqliteStore {
 
 struct Inner {
     connection: Mutex<Connection>,
+    feed: Feed,
     path: PathBuf,
     // Dropping it stops the checkpointer thread.
     _checkpointer: mpsc::Sender<()>,
@@ -170,6 +170,7 @@ impl SqliteStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 connection: Mutex::new(connection),
+                feed: Feed::default(),
                 path,
                 _checkpointer: checkpointer,
                 _lock: lock,
@@ -180,49 +181,6 @@ impl SqliteStore {
     /// The store file.
     pub fn path(&self) -> &Path {
         &self.inner.path
-    }
-
-    /// Runs `work` in one transaction on the blocking thread pool.
-    async fn run<R, F>(
-        &self,
-        operation: &'static str,
-        write: bool,
-        work: F,
-    ) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&mut SqliteTx<'_>) -> Result<R, StoreError> + Send + 'static,
-    {
-        let inner = Arc::clone(&self.inner);
-        let task = tokio::task::spawn_blocking(move || {
-            // A panic while the lock was held rolled its transaction back when it unwound, so the
-            // connection is still sound.
-            let mut connection = inner
-                .connection
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let behavior = if write {
-                TransactionBehavior::Immediate
-            } else {
-                TransactionBehavior::Deferred
-            };
-            let transaction = connection
-                .transaction_with_behavior(behavior)
-                .map_err(|error| sqlite_error(operation, error))?;
-            let mut tx = SqliteTx {
-                transaction,
-                now: None,
-            };
-            let output = work(&mut tx)?;
-            tx.transaction
-                .commit()
-                .map_err(|error| sqlite_error(operation, error))?;
-            Ok(output)
-        });
-        task.await.map_err(|error| StoreError::Backend {
-            operation,
-            source: Box::new(error),
-        })?
     }
 }
 
@@ -398,8 +356,9 @@ impl Row for rusqlite::Row<'_> {
 
 /// One open transaction on the embedded store.
 pub(crate) struct SqliteTx<'c> {
-    transaction: rusqlite::Transaction<'c>,
+    connection: &'c mut Connection,
     now: Option<Timestamp>,
+    notices: Vec<Notice>,
 }
 
 impl SqliteTx<'_> {
@@ -410,7 +369,7 @@ impl SqliteTx<'_> {
         params: &[&dyn ToSql],
     ) -> Result<usize, StoreError> {
         let mut statement = self
-            .transaction
+            .connection
             .prepare_cached(sql)
             .map_err(|error| sqlite_error(operation, error))?;
         statement
@@ -426,7 +385,7 @@ impl SqliteTx<'_> {
         decode: impl Fn(&rusqlite::Row<'_>) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
         let mut statement = self
-            .transaction
+            .connection
             .prepare_cached(sql)
             .map_err(|error| sqlite_error(operation, error))?;
         let mut rows = statement
@@ -457,6 +416,10 @@ impl SqliteTx<'_> {
 }
 
 impl Tx for SqliteTx<'_> {
+    fn notices(&mut self) -> &mut Vec<Notice> {
+        &mut self.notices
+    }
+
     async fn ping(&mut self) -> Result<(), StoreError> {
         self.query_all("ping", "SELECT 1", params![], |row| row.int(0))?;
         Ok(())
@@ -934,6 +897,100 @@ impl Tx for SqliteTx<'_> {
             .collect())
     }
 
+    async fn sessions_page(
+        &mut self,
+        filter: &SessionFilter,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<Session>, StoreError> {
+        let statuses = engine::status_list(&filter.statuses, SessionStatus::as_str);
+        self.query_all(
+            "page sessions",
+            concat!(
+                "SELECT ",
+                session_columns!(),
+                " FROM corral_sessions WHERE id > ?1 AND (?2 IS NULL OR tenant_id = ?2) \
+                 AND (?3 IS NULL OR agent_id = ?3) \
+                 AND (?4 = '' OR instr(',' || ?4 || ',', ',' || status || ',') > 0) \
+                 ORDER BY id LIMIT ?5"
+            ),
+            params![after, filter.tenant_id, filter.agent_id, statuses, limit],
+            |row| engine::decode_session(row),
+        )
+    }
+
+    async fn actions_page(
+        &mut self,
+        filter: &ActionFilter,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<Action>, StoreError> {
+        let scope = filter.scope.as_ref();
+        let statuses = engine::status_list(&filter.statuses, ActionStatus::as_str);
+        self.query_all(
+            "page actions",
+            concat!(
+                "SELECT ",
+                action_columns!(),
+                " FROM corral_actions WHERE action_id > ?1 AND (?2 IS NULL OR session_id = ?2) \
+                 AND (?3 IS NULL OR agent_id = ?3) AND (?4 IS NULL OR manifest_hash = ?4) \
+                 AND (?5 IS NULL OR implementation_version = ?5) \
+                 AND (?6 = '' OR instr(',' || ?6 || ',', ',' || status || ',') > 0) \
+                 ORDER BY action_id LIMIT ?7"
+            ),
+            params![
+                after,
+                filter.session_id,
+                scope.map(|s| s.agent_id.as_str()),
+                scope.map(|s| s.manifest_hash.as_str()),
+                scope.map(|s| s.implementation_version.as_str()),
+                statuses,
+                limit,
+            ],
+            |row| engine::decode_action(row),
+        )
+    }
+
+    async fn effects_page(
+        &mut self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<Effect>, StoreError> {
+        self.query_all(
+            "page effects",
+            concat!(
+                "SELECT ",
+                effect_columns!(),
+                " FROM corral_effects WHERE session_id = ?1 AND effect_id > ?2 \
+                 AND (?3 IS NULL OR status = ?3) ORDER BY effect_id LIMIT ?4"
+            ),
+            params![session_id, after, status.map(EffectStatus::as_str), limit],
+            |row| engine::decode_effect(row),
+        )
+    }
+
+    async fn next_claimable_action(
+        &mut self,
+        scope: &ExecutorScope,
+    ) -> Result<Option<String>, StoreError> {
+        self.query_opt(
+            "find a claimable action",
+            "SELECT a.action_id FROM corral_actions a JOIN corral_sessions s \
+             ON s.id = a.session_id WHERE a.status = 'pending' AND a.agent_id = ?1 \
+             AND a.manifest_hash = ?2 AND a.implementation_version = ?3 \
+             AND s.active_turn_id = a.turn_id AND s.status <> 'cancelled' \
+             ORDER BY a.created_at, a.action_id LIMIT 1",
+            params![
+                scope.agent_id,
+                scope.manifest_hash,
+                scope.implementation_version
+            ],
+            |row| row.text(0),
+        )
+    }
+
     async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError> {
         self.query_all(
             "find expired claims",
@@ -941,9 +998,9 @@ impl Tx for SqliteTx<'_> {
                 "SELECT ",
                 action_columns!(),
                 " FROM corral_actions WHERE status = 'claimed' AND lease_expires_at <= ?1 \
-                 ORDER BY session_id, action_id"
+                 ORDER BY session_id, action_id LIMIT ?2"
             ),
-            params![now.as_unix_millis()],
+            params![now.as_unix_millis(), engine::BATCH],
             |row| engine::decode_action(row),
         )
     }
@@ -993,10 +1050,28 @@ impl Tx for SqliteTx<'_> {
         self.query_all(
             "find expired sessions",
             "SELECT id, tenant_id FROM corral_sessions WHERE status = 'closed' \
-             AND closed_at <= ?2 AND (?1 IS NULL OR tenant_id = ?1) ORDER BY id",
-            params![tenant_id, cutoff.as_unix_millis()],
+             AND closed_at <= ?2 AND (?1 IS NULL OR tenant_id = ?1) ORDER BY id LIMIT ?3",
+            params![tenant_id, cutoff.as_unix_millis(), engine::BATCH],
             |row| Ok((row.text(0)?, row.text(1)?)),
         )
+    }
+
+    async fn prune_history(
+        &mut self,
+        session_id: &str,
+        cutoff: Timestamp,
+    ) -> Result<(u64, u64), StoreError> {
+        let events = self.execute(
+            "prune events",
+            "DELETE FROM corral_events WHERE session_id = ?1 AND created_at <= ?2",
+            params![session_id, cutoff.as_unix_millis()],
+        )?;
+        let items = self.execute(
+            "prune items",
+            "DELETE FROM corral_items WHERE session_id = ?1 AND created_at <= ?2",
+            params![session_id, cutoff.as_unix_millis()],
+        )?;
+        Ok((events as u64, items as u64))
     }
 
     async fn delete_session(&mut self, id: &str) -> Result<(), StoreError> {
@@ -1028,238 +1103,77 @@ impl Tx for SqliteTx<'_> {
     }
 }
 
-/// Runs one engine transaction on the blocking pool: `sqlite_tx!(self, "op", write, |tx| fut)`.
-macro_rules! sqlite_tx {
-    ($store:expr, $operation:literal, $write:expr, |$tx:ident| $body:expr) => {
-        $store
-            .run($operation, $write, move |$tx| {
-                futures::executor::block_on($body)
-            })
-            .await
-    };
-}
+impl Backend for SqliteStore {
+    type Tx<'c> = SqliteTx<'c>;
 
-#[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> StoreBackend {
-        StoreBackend::Sqlite
+    const KIND: StoreBackend = StoreBackend::Sqlite;
+
+    fn feed(&self) -> &Feed {
+        &self.inner.feed
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlite_tx!(self, "ping", false, |tx| engine::ping(tx))
-    }
-
-    async fn put_agent(&self, agent: NewAgent) -> Result<AgentDefinition, StoreError> {
-        sqlite_tx!(self, "put_agent", true, |tx| engine::put_agent(tx, agent))
-    }
-
-    async fn get_agent(&self, agent_id: &str) -> Result<AgentDefinition, StoreError> {
-        let agent_id = agent_id.to_owned();
-        sqlite_tx!(self, "get_agent", false, |tx| async move {
-            engine::get_agent(tx, &agent_id).await
-        })
-    }
-
-    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError> {
-        sqlite_tx!(self, "list_agents", false, |tx| engine::list_agents(tx))
-    }
-
-    async fn create_session(&self, session: NewSession) -> Result<CreatedSession, StoreError> {
-        sqlite_tx!(self, "create_session", true, |tx| engine::create_session(
-            tx, session
-        ))
-    }
-
-    async fn get_session(&self, session_id: &str) -> Result<Session, StoreError> {
-        let session_id = session_id.to_owned();
-        sqlite_tx!(self, "get_session", false, |tx| async move {
-            engine::get_session(tx, &session_id).await
-        })
-    }
-
-    async fn list_sessions(&self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError> {
-        let filter = filter.clone();
-        sqlite_tx!(self, "list_sessions", false, |tx| async move {
-            engine::list_sessions(tx, &filter).await
-        })
-    }
-
-    async fn commit(&self, commit: SessionCommit) -> Result<CommitOutcome, StoreError> {
-        sqlite_tx!(self, "commit", true, |tx| engine::commit(tx, commit))
-    }
-
-    async fn append_event(
+    /// Runs `work` on the blocking thread pool over the store's one connection (the engine's
+    /// futures never wait on anything but SQLite, so they are driven to completion in place).
+    async fn transact<R, F>(
         &self,
-        session_id: &str,
-        fence: Option<&Fence>,
-        event: NewEvent,
-    ) -> Result<Event, StoreError> {
-        let session_id = session_id.to_owned();
-        let fence = fence.cloned();
-        sqlite_tx!(self, "append_event", true, |tx| async move {
-            engine::append_event(tx, &session_id, fence, event).await
-        })
-    }
-
-    async fn list_events(
-        &self,
-        session_id: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError> {
-        let session_id = session_id.to_owned();
-        sqlite_tx!(self, "list_events", false, |tx| async move {
-            engine::list_events(tx, &session_id, after, limit).await
-        })
-    }
-
-    async fn page_items(
-        &self,
-        session_id: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<ItemPage, StoreError> {
-        let session_id = session_id.to_owned();
-        sqlite_tx!(self, "page_items", false, |tx| async move {
-            engine::page_items(tx, &session_id, after, limit).await
-        })
-    }
-
-    async fn live_checkpoint(&self, session_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let session_id = session_id.to_owned();
-        sqlite_tx!(self, "live_checkpoint", false, |tx| async move {
-            engine::live_checkpoint(tx, &session_id).await
-        })
-    }
-
-    async fn get_command(
-        &self,
-        session_id: &str,
-        idempotency_key: &str,
-    ) -> Result<Option<CommandRecord>, StoreError> {
-        let session_id = session_id.to_owned();
-        let key = idempotency_key.to_owned();
-        sqlite_tx!(self, "get_command", false, |tx| async move {
-            engine::get_command(tx, &session_id, &key).await
-        })
-    }
-
-    async fn begin_effect(&self, begin: BeginEffect) -> Result<BeginEffectOutcome, StoreError> {
-        sqlite_tx!(self, "begin_effect", true, |tx| engine::begin_effect(
-            tx, begin
-        ))
-    }
-
-    async fn get_effect(&self, effect_id: &str) -> Result<Effect, StoreError> {
-        let effect_id = effect_id.to_owned();
-        sqlite_tx!(self, "get_effect", false, |tx| async move {
-            engine::get_effect(tx, &effect_id).await
-        })
-    }
-
-    async fn list_effects(
-        &self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-    ) -> Result<Vec<Effect>, StoreError> {
-        let session_id = session_id.to_owned();
-        sqlite_tx!(self, "list_effects", false, |tx| async move {
-            engine::list_effects(tx, &session_id, status).await
-        })
-    }
-
-    async fn mark_in_flight_effects_uncertain(
-        &self,
-        fence: &Fence,
-        reason: &str,
-    ) -> Result<Vec<Effect>, StoreError> {
-        let fence = fence.clone();
-        let reason = reason.to_owned();
-        sqlite_tx!(
-            self,
-            "mark_in_flight_effects_uncertain",
-            true,
-            |tx| async move { engine::mark_in_flight_effects_uncertain(tx, fence, &reason).await }
-        )
-    }
-
-    async fn get_action(&self, action_id: &str) -> Result<Action, StoreError> {
-        let action_id = action_id.to_owned();
-        sqlite_tx!(self, "get_action", false, |tx| async move {
-            engine::get_action(tx, &action_id).await
-        })
-    }
-
-    async fn list_actions(&self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError> {
-        let filter = filter.clone();
-        sqlite_tx!(self, "list_actions", false, |tx| async move {
-            engine::list_actions(tx, &filter).await
-        })
-    }
-
-    async fn claim_action(&self, claim: ClaimAction) -> Result<ClaimedAction, StoreError> {
-        sqlite_tx!(self, "claim_action", true, |tx| engine::claim_action(
-            tx, claim
-        ))
-    }
-
-    async fn heartbeat_action(&self, heartbeat: HeartbeatAction) -> Result<Action, StoreError> {
-        sqlite_tx!(self, "heartbeat_action", true, |tx| {
-            engine::heartbeat_action(tx, heartbeat)
-        })
-    }
-
-    async fn expire_action_claims(&self) -> Result<Vec<Action>, StoreError> {
-        sqlite_tx!(self, "expire_action_claims", true, |tx| {
-            engine::expire_action_claims(tx)
-        })
-    }
-
-    async fn claim_runnable_session(
-        &self,
-        replica_id: &str,
-        lease: Duration,
-    ) -> Result<Option<Lease>, StoreError> {
-        let replica_id = replica_id.to_owned();
-        sqlite_tx!(self, "claim_runnable_session", true, |tx| async move {
-            engine::claim_runnable_session(tx, &replica_id, lease).await
-        })
-    }
-
-    async fn acquire_session(
-        &self,
-        session_id: &str,
-        replica_id: &str,
-        lease: Duration,
-    ) -> Result<Lease, StoreError> {
-        let session_id = session_id.to_owned();
-        let replica_id = replica_id.to_owned();
-        sqlite_tx!(self, "acquire_session", true, |tx| async move {
-            engine::acquire_session(tx, &session_id, &replica_id, lease).await
-        })
-    }
-
-    async fn renew_lease(&self, fence: &Fence, lease: Duration) -> Result<Lease, StoreError> {
-        let fence = fence.clone();
-        sqlite_tx!(self, "renew_lease", true, |tx| engine::renew_lease(
-            tx, fence, lease
-        ))
-    }
-
-    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
-        let fence = fence.clone();
-        sqlite_tx!(self, "release_lease", true, |tx| engine::release_lease(
-            tx, fence
-        ))
-    }
-
-    async fn apply_retention(
-        &self,
-        policy: &RetentionPolicy,
-    ) -> Result<RetentionReport, StoreError> {
-        let policy = policy.clone();
-        sqlite_tx!(self, "apply_retention", true, |tx| async move {
-            engine::apply_retention(tx, &policy).await
-        })
+        operation: &'static str,
+        write: bool,
+        work: F,
+    ) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: for<'a, 'c> FnOnce(&'a mut SqliteTx<'c>) -> BoxFuture<'a, Result<R, StoreError>>
+            + Send
+            + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::task::spawn_blocking(move || {
+            let mut connection = inner
+                .connection
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let failed = |error| sqlite_error(operation, error);
+            if !connection.is_autocommit() {
+                // A panic unwound out of a transaction and left it open: undo it.
+                connection.execute_batch("ROLLBACK").map_err(failed)?;
+            }
+            connection
+                .execute_batch(if write {
+                    "BEGIN IMMEDIATE"
+                } else {
+                    "BEGIN DEFERRED"
+                })
+                .map_err(failed)?;
+            let mut tx = SqliteTx {
+                connection: &mut connection,
+                now: None,
+                notices: Vec::new(),
+            };
+            let output = futures::executor::block_on(work(&mut tx));
+            let notices = std::mem::take(&mut tx.notices);
+            let output = match output {
+                Ok(output) => output,
+                Err(error) => {
+                    // Some errors end the transaction by themselves; the first error is the one
+                    // to report either way.
+                    if !connection.is_autocommit() {
+                        let _ = connection.execute_batch("ROLLBACK");
+                    }
+                    return Err(error);
+                }
+            };
+            if let Err(error) = connection.execute_batch("COMMIT") {
+                if !connection.is_autocommit() {
+                    let _ = connection.execute_batch("ROLLBACK");
+                }
+                return Err(failed(error));
+            }
+            inner.feed.publish(&notices);
+            Ok(output)
+        });
+        task.await.map_err(|error| StoreError::Backend {
+            operation,
+            source: Box::new(error),
+        })?
     }
 }

@@ -6,11 +6,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::StoreError;
+use crate::feed::{EventNotice, WorkNotice};
 use crate::model::{
-    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
-    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
-    Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
-    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, StoreBackend,
+    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint,
+    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CompleteAction, CreatedSession,
+    Effect, EffectStatus, Event, ExecutorScope, Fence, HeartbeatAction, ItemPage, Lease, NewAgent,
+    NewEvent, NewSession, ResolveEffect, RetentionPolicy, RetentionReport, Session, SessionCommit,
+    SessionFilter, StoreBackend,
 };
 
 /// Everything durable in corral, behind one interface.
@@ -26,6 +28,26 @@ use crate::model::{
 pub trait Store: Send + Sync + fmt::Debug {
     /// Which implementation this is.
     fn backend(&self) -> StoreBackend;
+
+    /// A notice for every event appended to any session, sent after its transaction commits.
+    ///
+    /// A subscriber (an SSE stream) keeps the cursor of the last event it delivered and, when a
+    /// notice for its session arrives with a greater cursor, reads the events after its cursor
+    /// with [`Store::list_events`]; it never polls. Notices may arrive more than once, and a
+    /// receiver that falls more than the channel's capacity behind gets
+    /// [`tokio::sync::broadcast::error::RecvError::Lagged`]: it must then re-read its session
+    /// from its last cursor (events are never lost, only notices). Subscribe before reading the
+    /// history, so that nothing appended in between goes unnoticed.
+    ///
+    /// On PostgreSQL the notices of other replicas' stores on the same database arrive too
+    /// (`LISTEN`/`NOTIFY`); after the listening connection was lost and re-established, a notice
+    /// of each session's newest cursor is sent for every session written meanwhile.
+    fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<EventNotice>;
+
+    /// Fires after a commit that created an action or made one claimable again (pending).
+    /// Like [`Store::subscribe_events`], across replicas on PostgreSQL; a lagged receiver should
+    /// list the pending actions.
+    fn subscribe_work(&self) -> tokio::sync::broadcast::Receiver<WorkNotice>;
 
     /// Checks that the database answers (for readiness probes).
     async fn ping(&self) -> Result<(), StoreError>;
@@ -188,4 +210,79 @@ pub trait Store: Send + Sync + fmt::Debug {
         &self,
         policy: &RetentionPolicy,
     ) -> Result<RetentionReport, StoreError>;
+
+    /// Cancels the session's turn in one transaction (the seed's `cancel` command): its pending
+    /// actions become cancelled and its claimed ones uncertain (with their effects), its other
+    /// effects still invoking become uncertain (with a reason), the session becomes cancelled
+    /// with no active turn, its state becomes `restore_state` (if set) and its live checkpoint is
+    /// cleared, and a `turn.cancelled` event (`{"reason"}`) is appended. Guarded like
+    /// [`Store::commit`] (replay, fence, `expect_turn`); a session with no active turn is still
+    /// marked cancelled.
+    async fn cancel_turn(&self, cancel: CancelTurn) -> Result<CommitOutcome, StoreError>;
+
+    /// An executor's result, in one transaction: the action and its effect become completed with
+    /// the outcome, the session runnable, an `action.completed` event is appended and the command
+    /// recorded. The claim must be the action's current, unexpired one
+    /// ([`StoreError::StaleGeneration`]) and its turn the session's active, uncancelled turn
+    /// ([`StoreError::Conflict`]). The same result again, under any idempotency key, returns
+    /// [`CommitOutcome::Replayed`] with the first receipt; another result is a conflict.
+    async fn complete_action(&self, done: CompleteAction) -> Result<CommitOutcome, StoreError>;
+
+    /// Settles an [`EffectStatus::Uncertain`] effect by an operator's decision, in one
+    /// transaction: [`crate::Resolution::Retry`] makes it (and its action, claim cleared, claimable
+    /// again at the next generation) pending; [`crate::Resolution::Complete`] completes both with the
+    /// outcome. The session becomes runnable again if it was uncertain and nothing else of its
+    /// active turn is, and an `effect.resolved` event (`{"effectId", "retry", "outcome"?}`) is
+    /// appended. An effect not uncertain is a [`StoreError::Conflict`].
+    async fn resolve_effect(&self, resolve: ResolveEffect) -> Result<CommitOutcome, StoreError>;
+
+    /// Start-up recovery, in one transaction: every effect still [`EffectStatus::Invoking`]
+    /// becomes uncertain with `reason`; for those of a session's active turn (unless cancelled)
+    /// the session becomes uncertain and an `effect.uncertain` event is appended. Sessions some
+    /// replica holds an unexpired lease on are skipped unless `leased_too` (the embedded store's
+    /// single owner passes `true` at start: every lease in its file belongs to a dead process).
+    async fn recover_in_flight_effects(
+        &self,
+        reason: &str,
+        leased_too: bool,
+    ) -> Result<Vec<Effect>, StoreError>;
+
+    /// Up to `limit` sessions matching `filter` whose id is greater than `after` (`None` for
+    /// the start), by id: keyset paging, each page one index range scan. Pass the last id of a
+    /// page as the next `after`; a page shorter than `limit` is the last one.
+    async fn page_sessions(
+        &self,
+        filter: &SessionFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Session>, StoreError>;
+
+    /// Up to `limit` actions matching `filter` whose id is greater than `after`, by id.
+    async fn page_actions(
+        &self,
+        filter: &ActionFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Action>, StoreError>;
+
+    /// Up to `limit` effects of the session (only those in `status` if set) whose id is
+    /// greater than `after`, by id.
+    async fn page_effects(
+        &self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Effect>, StoreError>;
+
+    /// Claims the oldest pending action in `scope` whose session is on the action's turn, like
+    /// [`Store::claim_action`]; sessions another transaction holds are skipped
+    /// (`FOR UPDATE SKIP LOCKED`), so concurrent executors never wait on each other. `None`
+    /// when there is nothing to claim.
+    async fn claim_next_action(
+        &self,
+        scope: &ExecutorScope,
+        claim_id: &str,
+        lease: Duration,
+    ) -> Result<Option<ClaimedAction>, StoreError>;
 }

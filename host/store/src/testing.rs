@@ -166,6 +166,38 @@ impl PgServer {
         })
     }
 
+    /// Kills a local server the way a crash would (`pg_ctl stop -m immediate`: no checkpoint,
+    /// every connection cut mid-transaction), then starts it again on the same data, which runs
+    /// crash recovery. Fails for a server named by `DATABASE_URL`.
+    pub fn crash_and_restart(&self) -> Result<(), StartPostgresError> {
+        let Some(server) = &self.local else {
+            return Err(StartPostgresError::Step {
+                step: "crash",
+                detail: "only a local server can be crashed".to_owned(),
+            });
+        };
+        let data = server.data.display().to_string();
+        server.run(
+            "pg_ctl stop -m immediate",
+            "pg_ctl",
+            &["-D", &data, "-m", "immediate", "-w", "stop"],
+        )?;
+        let port = self.admin.get_ports().first().copied().unwrap_or(5432);
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=300",
+            server.folder.display()
+        );
+        let log = server.folder.join("log").display().to_string();
+        server.run(
+            "pg_ctl start",
+            "pg_ctl",
+            &[
+                "-D", &data, "-o", &options, "-l", &log, "-w", "-t", "60", "start",
+            ],
+        )?;
+        Ok(())
+    }
+
     /// Settings for the maintenance database.
     pub fn admin_config(&self) -> PostgresConfig {
         self.admin.clone()

@@ -7,10 +7,11 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use corral_store::{
     ActionFilter, ActionGuard, ActionStatus, ActionTransition, BeginEffect, BeginEffectOutcome,
-    CheckpointWrite, ClaimAction, CommitOutcome, EffectKind, EffectStatus, EffectTransition,
-    Entity, ExecutorScope, HeartbeatAction, MAX_PAGE, NewAction, NewAgent, NewCheckpoint,
-    NewCommand, NewEffect, NewEvent, NewItem, NewSession, RetentionPolicy, SessionCommit,
-    SessionFilter, SessionStatus, StaleReason, Store, StoreError,
+    CancelTurn, CheckpointWrite, ClaimAction, CommitOutcome, CompleteAction, EffectKind,
+    EffectStatus, EffectTransition, Entity, ExecutorScope, HeartbeatAction, MAX_PAGE, NewAction,
+    NewAgent, NewCheckpoint, NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution,
+    ResolveEffect, RetentionPolicy, SessionCommit, SessionFilter, SessionStatus, StaleReason,
+    Store, StoreError,
 };
 use libtest_mimic::Trial;
 use serde_json::{Value, json};
@@ -81,6 +82,16 @@ conformance!(
     retention_keeps_idempotency_records_for_the_window,
     retention_prunes_superseded_checkpoints,
     out_of_range_arguments_are_rejected,
+    the_change_feed_announces_committed_events_and_work,
+    cancel_turn_fences_the_turn_in_one_transaction,
+    a_cancel_racing_a_turn_completion_has_one_winner,
+    action_results_complete_action_effect_and_session_together,
+    uncertain_effects_are_resolved_by_retry_or_outcome,
+    start_up_recovery_marks_every_in_flight_effect_uncertain,
+    commits_are_guarded_on_turn_and_status,
+    sessions_actions_and_effects_page_by_key,
+    claim_next_spreads_executors_over_the_work,
+    retention_prunes_the_history_of_closed_sessions_per_tenant,
 );
 
 fn event(kind: &str, payload: Value) -> NewEvent {
@@ -1571,5 +1582,527 @@ async fn out_of_range_arguments_are_rejected(f: &Fixture) -> anyhow::Result<()> 
             .await,
         StoreError::InvalidInput { what: "lease", .. }
     );
+    Ok(())
+}
+
+/// The next notice of `receiver`, failing after a few seconds.
+async fn next_notice<T: Clone>(
+    receiver: &mut tokio::sync::broadcast::Receiver<T>,
+) -> anyhow::Result<T> {
+    Ok(
+        tokio::time::timeout(Duration::from_secs(5), receiver.recv())
+            .await
+            .context("no notice within 5 s")??,
+    )
+}
+
+/// Fails if `receiver` gets a notice within a short while.
+async fn no_notice<T: Clone + std::fmt::Debug>(
+    receiver: &mut tokio::sync::broadcast::Receiver<T>,
+) -> anyhow::Result<()> {
+    match tokio::time::timeout(Duration::from_millis(300), receiver.recv()).await {
+        Err(_) => Ok(()),
+        Ok(notice) => anyhow::bail!("unexpected notice {notice:?}"),
+    }
+}
+
+async fn the_change_feed_announces_committed_events_and_work(f: &Fixture) -> anyhow::Result<()> {
+    use corral_store::{EventNotice, WorkNotice};
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let mut mine = store.subscribe_events();
+    // On PostgreSQL the peer is a second store on the same database, as another replica's.
+    let mut theirs = f.peer.subscribe_events();
+    let mut work = f.peer.subscribe_work();
+
+    let mut commit = SessionCommit::new("s1");
+    commit.events.push(event("a", json!({})));
+    commit.events.push(event("b", json!({})));
+    applied(store.commit(commit).await?)?;
+    for receiver in [&mut mine, &mut theirs] {
+        for cursor in [1, 2] {
+            let notice = next_notice(receiver).await?;
+            ensure!(
+                notice
+                    == EventNotice {
+                        session_id: "s1".into(),
+                        cursor
+                    },
+                "got {notice:?}"
+            );
+        }
+    }
+    // A rolled-back write announces nothing; a store does not hear its own notices twice.
+    let mut stale = SessionCommit::new("s1");
+    stale.expect_version = Some(1);
+    stale.events.push(event("c", json!({})));
+    expect_err!(store.commit(stale).await, StoreError::Conflict { .. });
+    no_notice(&mut mine).await?;
+    no_notice(&mut theirs).await?;
+
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    store.begin_effect(action_effect("a1", "t1")).await?;
+    let notice = next_notice(&mut work).await?;
+    ensure!(
+        notice
+            == WorkNotice {
+                action_id: "a1".into()
+            },
+        "got {notice:?}"
+    );
+    // The peer's writes reach the first store too.
+    f.peer
+        .append_event("s1", None, event("d", json!({})))
+        .await?;
+    ensure!(next_notice(&mut mine).await?.cursor == 3);
+    Ok(())
+}
+
+fn invoking_effect(id: &str, turn: &str) -> BeginEffect {
+    BeginEffect::new(
+        "s1",
+        NewEffect::new(
+            id,
+            turn,
+            EffectKind::ModelCall,
+            EffectStatus::Invoking,
+            json!({"model": "m"}),
+        ),
+    )
+}
+
+async fn cancel_turn_fences_the_turn_in_one_transaction(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let mut start = SessionCommit::new("s1");
+    start.patch.status = Some(SessionStatus::Running);
+    start.patch.active_turn_id = Some(Some("t1".into()));
+    start.patch.state = Some(json!({"plan": "t1"}));
+    start.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new("t1", 0, json!({}))));
+    applied(store.commit(start).await?)?;
+    store.begin_effect(action_effect("a1", "t1")).await?;
+    store.begin_effect(action_effect("a2", "t1")).await?;
+    store.begin_effect(invoking_effect("m1", "t1")).await?;
+    store.claim_action(claim("a2", "c2", LONG)).await?;
+
+    let mut wrong = CancelTurn::new("s1");
+    wrong.expect_turn = Some(Some("t0".into()));
+    expect_err!(store.cancel_turn(wrong).await, StoreError::Conflict { .. });
+
+    let mut cancel = CancelTurn::new("s1");
+    cancel.expect_turn = Some(Some("t1".into()));
+    cancel.reason = Some("user".into());
+    cancel.restore_state = Some(json!({"plan": null}));
+    cancel.command = Some(NewCommand::new(
+        "k1",
+        json!({"type": "cancel"}),
+        json!({"ok": 1}),
+    ));
+    let receipt = applied(f.peer.cancel_turn(cancel.clone()).await?)?;
+    ensure!(receipt.events.len() == 1 && receipt.events[0].event_type == "turn.cancelled");
+    ensure!(receipt.events[0].payload == json!({"reason": "user"}));
+    ensure!(receipt.events[0].turn_id.as_deref() == Some("t1"));
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Cancelled && s.active_turn_id.is_none());
+    ensure!(s.state == json!({"plan": null}));
+    ensure!(store.live_checkpoint("s1").await?.is_none());
+    ensure!(store.get_action("a1").await?.status == ActionStatus::Cancelled);
+    ensure!(store.get_effect("a1").await?.status == EffectStatus::Cancelled);
+    ensure!(store.get_action("a2").await?.status == ActionStatus::Uncertain);
+    ensure!(store.get_effect("a2").await?.status == EffectStatus::Uncertain);
+    let model = store.get_effect("m1").await?;
+    ensure!(model.status == EffectStatus::Uncertain && model.error.is_some());
+    // A replay answers with the first response; a claim or heartbeat on the turn fails.
+    ensure!(matches!(
+        store.cancel_turn(cancel).await?,
+        CommitOutcome::Replayed(_)
+    ));
+    expect_err!(
+        store
+            .heartbeat_action(HeartbeatAction::new("a2", "c2", 1, LONG))
+            .await,
+        StoreError::StaleGeneration { .. }
+    );
+    Ok(())
+}
+
+async fn a_cancel_racing_a_turn_completion_has_one_winner(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    for round in 0..10 {
+        let turn = format!("t{round}");
+        set_turn(store, "s1", SessionStatus::Running, Some(&turn)).await?;
+        let mut complete = SessionCommit::new("s1");
+        complete.expect_turn = Some(Some(turn.clone()));
+        complete.patch.status = Some(SessionStatus::Completed);
+        complete.patch.active_turn_id = Some(None);
+        complete
+            .events
+            .push(event("turn.completed", json!({})).in_turn(turn.clone()));
+        let mut cancel = CancelTurn::new("s1");
+        cancel.expect_turn = Some(Some(turn.clone()));
+        let barrier = Barrier::new(2);
+        let (completed, cancelled) = tokio::join!(
+            async {
+                barrier.wait().await;
+                f.store.commit(complete).await
+            },
+            async {
+                barrier.wait().await;
+                f.peer.cancel_turn(cancel).await
+            }
+        );
+        let s = store.get_session("s1").await?;
+        ensure!(s.active_turn_id.is_none());
+        match (completed, cancelled) {
+            (Ok(_), Err(StoreError::Conflict { .. })) => {
+                ensure!(s.status == SessionStatus::Completed)
+            }
+            (Err(StoreError::Conflict { .. }), Ok(_)) => {
+                ensure!(s.status == SessionStatus::Cancelled)
+            }
+            other => anyhow::bail!("round {round}: not exactly one winner: {other:?}"),
+        }
+        let last = store.list_events("s1", s.last_cursor - 1, 1).await?;
+        ensure!(
+            ["turn.completed", "turn.cancelled"].contains(&last[0].event_type.as_str()),
+            "one final event"
+        );
+    }
+    Ok(())
+}
+
+fn result_command(key: &str, outcome: &Value) -> NewCommand {
+    NewCommand::new(
+        key,
+        json!({"type": "action_result", "outcome": outcome}),
+        json!({"status": "accepted"}),
+    )
+}
+
+async fn action_results_complete_action_effect_and_session_together(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    store.begin_effect(action_effect("a1", "t1")).await?;
+    let claimed = store.claim_action(claim("a1", "c1", LONG)).await?;
+    // The same claim again is the same grant.
+    let again = f.peer.claim_action(claim("a1", "c1", LONG)).await?;
+    ensure!(again.action.generation == 1 && again.event == claimed.event);
+    expect_err!(
+        store.claim_action(claim("a1", "c9", LONG)).await,
+        StoreError::Conflict { .. }
+    );
+
+    let outcome = json!({"ok": true, "value": 42});
+    let stale = CompleteAction::new(
+        "s1",
+        "a1",
+        "c1",
+        2,
+        outcome.clone(),
+        result_command("r0", &outcome),
+    );
+    expect_err!(
+        store.complete_action(stale).await,
+        StoreError::StaleGeneration { .. }
+    );
+    let done = CompleteAction::new(
+        "s1",
+        "a1",
+        "c1",
+        1,
+        outcome.clone(),
+        result_command("r1", &outcome),
+    );
+    let receipt = applied(store.complete_action(done.clone()).await?)?;
+    ensure!(receipt.session.status == SessionStatus::Runnable);
+    ensure!(receipt.events[0].event_type == "action.completed");
+    ensure!(receipt.events[0].payload == json!({"actionId": "a1", "result": 42}));
+    let action = store.get_action("a1").await?;
+    ensure!(action.status == ActionStatus::Completed && action.result == Some(outcome.clone()));
+    let effect = store.get_effect("a1").await?;
+    ensure!(effect.status == EffectStatus::Completed && effect.result == Some(outcome.clone()));
+    let first = receipt.command.context("the command is recorded")?;
+
+    // Again under the same key, or another key: the first receipt.
+    let CommitOutcome::Replayed(replay) = f.peer.complete_action(done).await? else {
+        anyhow::bail!("not a replay");
+    };
+    ensure!(replay.cursor == first.cursor && replay.response == first.response);
+    let other_key = CompleteAction::new(
+        "s1",
+        "a1",
+        "c1",
+        1,
+        outcome.clone(),
+        result_command("r2", &outcome),
+    );
+    let CommitOutcome::Replayed(replay) = store.complete_action(other_key).await? else {
+        anyhow::bail!("not a replay");
+    };
+    ensure!(replay.cursor == first.cursor);
+    ensure!(store.get_command("s1", "r2").await?.is_some());
+    let different = json!({"ok": false});
+    let conflicting = CompleteAction::new(
+        "s1",
+        "a1",
+        "c1",
+        1,
+        different.clone(),
+        result_command("r3", &different),
+    );
+    expect_err!(
+        store.complete_action(conflicting).await,
+        StoreError::Conflict { .. }
+    );
+    Ok(())
+}
+
+async fn uncertain_effects_are_resolved_by_retry_or_outcome(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    store.begin_effect(action_effect("a1", "t1")).await?;
+    store.begin_effect(invoking_effect("m1", "t1")).await?;
+    store.claim_action(claim("a1", "c1", SHORT)).await?;
+    tokio::time::sleep(PAST_SHORT).await;
+    ensure!(store.expire_action_claims().await?.len() == 1);
+    ensure!(
+        store
+            .recover_in_flight_effects("restart", true)
+            .await?
+            .len()
+            == 1
+    );
+    ensure!(store.get_session("s1").await?.status == SessionStatus::Uncertain);
+
+    expect_err!(
+        store
+            .resolve_effect(ResolveEffect::new("s1", "nope", Resolution::Retry))
+            .await,
+        StoreError::NotFound { .. }
+    );
+    let mut work = f.peer.subscribe_work();
+    let receipt = applied(
+        store
+            .resolve_effect(ResolveEffect::new("s1", "a1", Resolution::Retry))
+            .await?,
+    )?;
+    ensure!(receipt.events[0].event_type == "effect.resolved");
+    ensure!(
+        receipt.session.status == SessionStatus::Uncertain,
+        "m1 is still uncertain"
+    );
+    ensure!(next_notice(&mut work).await?.action_id == "a1");
+    let action = store.get_action("a1").await?;
+    ensure!(action.status == ActionStatus::Pending && action.claim_id.is_none());
+    ensure!(store.get_effect("a1").await?.status == EffectStatus::Pending);
+    expect_err!(
+        store
+            .resolve_effect(ResolveEffect::new("s1", "a1", Resolution::Retry))
+            .await,
+        StoreError::Conflict { .. }
+    );
+    let receipt = applied(
+        store
+            .resolve_effect(ResolveEffect::new(
+                "s1",
+                "m1",
+                Resolution::Complete(json!({"text": "hi"})),
+            ))
+            .await?,
+    )?;
+    ensure!(receipt.session.status == SessionStatus::Runnable);
+    let model = store.get_effect("m1").await?;
+    ensure!(model.status == EffectStatus::Completed && model.result == Some(json!({"text": "hi"})));
+    let reclaimed = store.claim_action(claim("a1", "c2", LONG)).await?;
+    ensure!(
+        reclaimed.action.generation == 2,
+        "generations keep increasing"
+    );
+    Ok(())
+}
+
+async fn start_up_recovery_marks_every_in_flight_effect_uncertain(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    session(store, "s2").await?;
+    set_turn(store, "s1", SessionStatus::Running, Some("t1")).await?;
+    store.begin_effect(invoking_effect("m1", "t1")).await?;
+    let mut other = invoking_effect("m2", "t2");
+    other.session_id = "s2".into();
+    set_turn(store, "s2", SessionStatus::Running, Some("t2")).await?;
+    store.begin_effect(other).await?;
+    // s2 is leased by a live replica: skipped unless leased_too.
+    store.acquire_session("s2", "replica-b", LONG).await?;
+    let changed = f.peer.recover_in_flight_effects("restarted", false).await?;
+    ensure!(changed.len() == 1 && changed[0].effect_id == "m1");
+    let s1 = store.get_session("s1").await?;
+    ensure!(s1.status == SessionStatus::Uncertain);
+    let last = store.list_events("s1", s1.last_cursor - 1, 1).await?;
+    ensure!(last[0].event_type == "effect.uncertain");
+    let changed = store.recover_in_flight_effects("restarted", true).await?;
+    ensure!(changed.len() == 1 && changed[0].effect_id == "m2");
+    ensure!(
+        store
+            .recover_in_flight_effects("again", true)
+            .await?
+            .is_empty()
+    );
+    Ok(())
+}
+
+async fn commits_are_guarded_on_turn_and_status(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    set_turn(store, "s1", SessionStatus::Running, Some("t1")).await?;
+    let mut stale = SessionCommit::new("s1");
+    stale.expect_turn = Some(None);
+    stale.events.push(event("x", json!({})));
+    expect_err!(store.commit(stale).await, StoreError::Conflict { .. });
+    let mut status = SessionCommit::new("s1");
+    status.expect_status = vec![SessionStatus::Idle];
+    expect_err!(store.commit(status).await, StoreError::Conflict { .. });
+    let mut ok = SessionCommit::new("s1");
+    ok.expect_turn = Some(Some("t1".into()));
+    ok.expect_status = vec![SessionStatus::Running];
+    applied(store.commit(ok).await?)?;
+    let a = corral_store::replica_id();
+    ensure!(
+        a != corral_store::replica_id() && !a.is_empty(),
+        "replica ids are unique"
+    );
+    Ok(())
+}
+
+async fn sessions_actions_and_effects_page_by_key(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    for id in ["s1", "s2", "s3", "s4", "s5"] {
+        session(store, id).await?;
+    }
+    set_turn(store, "s3", SessionStatus::Waiting, Some("t1")).await?;
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .page_sessions(&SessionFilter::default(), after.as_deref(), 2)
+            .await?;
+        all.extend(page.iter().map(|s| s.id.clone()));
+        if page.len() < 2 {
+            break;
+        }
+        after = page.last().map(|s| s.id.clone());
+    }
+    ensure!(all == ["s1", "s2", "s3", "s4", "s5"], "pages {all:?}");
+    let mut waiting = SessionFilter::default();
+    waiting.statuses = vec![SessionStatus::Waiting, SessionStatus::Running];
+    let page = store.page_sessions(&waiting, None, 10).await?;
+    ensure!(page.len() == 1 && page[0].id == "s3");
+
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    for id in ["a1", "a2", "a3"] {
+        store.begin_effect(action_effect(id, "t1")).await?;
+    }
+    store.begin_effect(invoking_effect("m1", "t1")).await?;
+    let mut pending = ActionFilter::default();
+    pending.statuses = vec![ActionStatus::Pending];
+    let first = store.page_actions(&pending, None, 2).await?;
+    let rest = store
+        .page_actions(&pending, Some(&first[1].action_id), 2)
+        .await?;
+    ensure!(first.len() == 2 && rest.len() == 1 && rest[0].action_id == "a3");
+    let effects = store.page_effects("s1", None, Some("a2"), 10).await?;
+    let ids: Vec<&str> = effects.iter().map(|e| e.effect_id.as_str()).collect();
+    ensure!(ids == ["a3", "m1"], "effects {ids:?}");
+    let invoking = store
+        .page_effects("s1", Some(EffectStatus::Invoking), None, 10)
+        .await?;
+    ensure!(invoking.len() == 1);
+    expect_err!(
+        store
+            .page_sessions(&SessionFilter::default(), None, 0)
+            .await,
+        StoreError::InvalidInput { .. }
+    );
+    Ok(())
+}
+
+async fn claim_next_spreads_executors_over_the_work(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    let scope = ExecutorScope::new("helper", "sha256:helper-1", "1.0.0");
+    ensure!(store.claim_next_action(&scope, "c0", LONG).await?.is_none());
+    store.begin_effect(action_effect("a1", "t1")).await?;
+    store.begin_effect(action_effect("a2", "t1")).await?;
+    let (one, two) = tokio::join!(
+        f.store.claim_next_action(&scope, "c1", LONG),
+        f.peer.claim_next_action(&scope, "c2", LONG)
+    );
+    let mut got: Vec<String> = [one?, two?]
+        .into_iter()
+        .flatten()
+        .map(|claimed| claimed.action.action_id)
+        .collect();
+    // Both executors may have raced for one session: whoever skipped it tries again.
+    while got.len() < 2 {
+        let Some(claimed) = store.claim_next_action(&scope, "c3", LONG).await? else {
+            break;
+        };
+        got.push(claimed.action.action_id);
+    }
+    got.sort();
+    ensure!(got == ["a1", "a2"], "claimed {got:?}");
+    ensure!(store.claim_next_action(&scope, "c4", LONG).await?.is_none());
+    let other = ExecutorScope::new("helper", "sha256:other", "1.0.0");
+    ensure!(store.claim_next_action(&other, "c5", LONG).await?.is_none());
+    Ok(())
+}
+
+async fn retention_prunes_the_history_of_closed_sessions_per_tenant(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session_of(store, "acme-closed", "acme").await?;
+    session_of(store, "acme-open", "acme").await?;
+    session_of(store, "globex-closed", "globex").await?;
+    for id in ["acme-closed", "acme-open", "globex-closed"] {
+        let mut commit = SessionCommit::new(id);
+        commit.items.push(NewItem::new(json!("hi")));
+        commit.events.push(event("e", json!({})));
+        applied(store.commit(commit).await?)?;
+    }
+    close(store, "acme-closed").await?;
+    close(store, "globex-closed").await?;
+    let mut policy = RetentionPolicy::default();
+    policy.closed_history_ttl = Some(Duration::ZERO);
+    policy
+        .tenant_closed_history_ttl
+        .insert("globex".to_owned(), Duration::from_secs(3600));
+    let report = f.peer.apply_retention(&policy).await?;
+    ensure!(report.sessions_deleted == 0, "{report:?}");
+    ensure!(report.items_pruned == 1, "{report:?}");
+    ensure!(report.events_pruned >= 1, "{report:?}");
+    let kept = store.get_session("acme-closed").await?;
+    ensure!(store.list_events("acme-closed", 0, 10).await?.is_empty());
+    ensure!(
+        store
+            .page_items("acme-closed", 0, 10)
+            .await?
+            .items
+            .is_empty()
+    );
+    ensure!(!store.list_events("acme-open", 0, 10).await?.is_empty());
+    ensure!(!store.list_events("globex-closed", 0, 10).await?.is_empty());
+    // The cursor continues after the pruned history.
+    let next = store
+        .append_event("acme-closed", None, event("later", json!({})))
+        .await?;
+    ensure!(next.cursor == kept.last_cursor + 1);
     Ok(())
 }

@@ -35,6 +35,16 @@ pub fn trials(harness: &Arc<Harness>) -> Vec<Trial> {
         trial("connection_loss_is_retryable_and_recovers", |h| {
             Box::pin(connection_loss_is_retryable_and_recovers(h))
         }),
+        trial("tls_against_a_plain_server_fails_clearly", |h| {
+            Box::pin(tls_against_a_plain_server_fails_clearly(h))
+        }),
+        trial("lock_waits_are_bounded_by_the_lock_timeout", |h| {
+            Box::pin(lock_waits_are_bounded_by_the_lock_timeout(h))
+        }),
+        trial(
+            "a_server_crash_loses_nothing_committed_and_shows_nothing_torn",
+            |_| Box::pin(a_server_crash_loses_nothing_committed_and_shows_nothing_torn()),
+        ),
         trial("an_unreachable_database_is_unavailable", |_| {
             Box::pin(an_unreachable_database_is_unavailable())
         }),
@@ -259,4 +269,175 @@ async fn malformed_settings_are_rejected() -> anyhow::Result<()> {
         Err(other) => bail!("expected InvalidSettings, got {other:?}"),
         Ok(_) => bail!("a pool without connections was accepted"),
     }
+}
+
+async fn tls_against_a_plain_server_fails_clearly(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    // The plain configuration (sslmode unset: prefer) connects without TLS.
+    database.connect().await?.close();
+    let mut config = database.config.clone();
+    config.ssl_mode(tokio_postgres::config::SslMode::Require);
+    let outcome = PostgresStore::connect(PostgresOptions::new(config)).await;
+    let result = match outcome {
+        Ok(_) => bail!("sslmode=require connected to a server without TLS"),
+        Err(error) => {
+            let text = format!("{error}: {:?}", std::error::Error::source(&error));
+            ensure!(
+                text.to_lowercase().contains("tls") || text.to_lowercase().contains("ssl"),
+                "the error does not say TLS: {text}"
+            );
+            Ok(())
+        }
+    };
+    database.drop_database().await?;
+    result
+}
+
+async fn lock_waits_are_bounded_by_the_lock_timeout(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let options = PostgresOptions::new(database.config.clone())
+        .timeouts(Duration::from_secs(30), Duration::from_millis(200));
+    let store = PostgresStore::connect(options).await?;
+    session(&store, "s1").await?;
+    let mut blocker = database.client().await?;
+    let tx = blocker.transaction().await?;
+    tx.execute(
+        "SELECT 1 FROM corral_sessions WHERE id = 's1' FOR UPDATE",
+        &[],
+    )
+    .await?;
+    let started = std::time::Instant::now();
+    let outcome = store
+        .append_event(
+            "s1",
+            None,
+            corral_store::NewEvent::new("x", serde_json::json!({})),
+        )
+        .await;
+    ensure!(outcome.is_err(), "the write did not wait for the lock");
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "the lock wait took {:?}",
+        started.elapsed()
+    );
+    tx.rollback().await?;
+    store
+        .append_event(
+            "s1",
+            None,
+            corral_store::NewEvent::new("x", serde_json::json!({})),
+        )
+        .await?;
+    store.close();
+    database.drop_database().await?;
+    Ok(())
+}
+
+/// Writers append an event with a checkpoint naming it while the server is killed
+/// (`pg_ctl stop -m immediate`) and a raw client is in the middle of a transaction; after crash
+/// recovery every acknowledged write is there, cursors have no gap, the live checkpoint names an
+/// existing event, and the unfinished transaction left nothing.
+async fn a_server_crash_loses_nothing_committed_and_shows_nothing_torn() -> anyhow::Result<()> {
+    use corral_store::{CheckpointWrite, CommitOutcome, NewCheckpoint, NewEvent, SessionCommit};
+    use serde_json::json;
+    // A server of its own: the shared one keeps serving the other tests.
+    let server = Arc::new(tokio::task::spawn_blocking(PgServer::start_local).await??);
+    let config = server
+        .create_database("corral_crash")
+        .await
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    let store = PostgresStore::connect(PostgresOptions::new(config.clone())).await?;
+    session(&store, "s1").await?;
+
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let store = store.clone();
+        let acknowledged = Arc::clone(&acknowledged);
+        writers.push(tokio::spawn(async move {
+            for step in 0.. {
+                let mut commit = SessionCommit::new("s1");
+                commit.events.push(NewEvent::new(
+                    "step",
+                    json!({"writer": writer, "step": step}),
+                ));
+                commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+                    format!("w{writer}"),
+                    0,
+                    json!({"writer": writer, "step": step}),
+                )));
+                match store.commit(commit).await {
+                    Ok(CommitOutcome::Applied(receipt)) => acknowledged
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(receipt.events[0].cursor),
+                    _ => return,
+                }
+            }
+        }));
+    }
+    // A client in the middle of a transaction when the server dies.
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    client.batch_execute("BEGIN").await?;
+    client
+        .batch_execute(
+            "UPDATE corral_sessions SET last_cursor = last_cursor + 1000 WHERE id = 's1'; \
+             INSERT INTO corral_events (session_id, cursor, turn_id, event_type, payload, \
+             created_at) VALUES ('s1', 1000000, NULL, 'torn', '{}', 0)",
+        )
+        .await
+        .ok();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let crashing = Arc::clone(&server);
+    tokio::task::spawn_blocking(move || crashing.crash_and_restart()).await??;
+    for writer in writers {
+        writer.await?;
+    }
+    drop(client);
+    store.close();
+
+    let store = PostgresStore::connect(PostgresOptions::new(config)).await?;
+    let s1 = store.get_session("s1").await?;
+    let mut cursors = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.list_events("s1", after, 500).await?;
+        if page.is_empty() {
+            break;
+        }
+        ensure!(
+            page.iter().all(|event| event.event_type == "step"),
+            "a torn event is visible"
+        );
+        cursors.extend(page.iter().map(|event| event.cursor));
+        after = page.last().map_or(after, |event| event.cursor);
+    }
+    ensure!(
+        cursors == (1..=s1.last_cursor).collect::<Vec<_>>(),
+        "cursors have a gap or do not end at the session's last cursor {}",
+        s1.last_cursor
+    );
+    let acknowledged = acknowledged
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    ensure!(
+        !acknowledged.is_empty(),
+        "no write was acknowledged before the crash"
+    );
+    for cursor in &acknowledged {
+        ensure!(
+            cursors.contains(cursor),
+            "acknowledged cursor {cursor} was lost"
+        );
+    }
+    if let Some(checkpoint) = store.live_checkpoint("s1").await? {
+        let named = store.list_events("s1", 0, 500).await?;
+        let exists =
+            cursors.len() > 500 || named.iter().any(|event| event.payload == checkpoint.data);
+        ensure!(exists, "the live checkpoint names no committed event");
+    }
+    store.close();
+    Ok(())
 }

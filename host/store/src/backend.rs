@@ -1,0 +1,399 @@
+//! The one implementation of [`Store`]: every method is an [`engine`] transaction run by a
+//! [`Backend`], which supplies only transactions (its SQL, behind [`Tx`]) and connections.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use tokio::sync::broadcast;
+
+use crate::engine::{self, Tx};
+use crate::error::StoreError;
+use crate::feed::{EventNotice, Feed, WorkNotice};
+use crate::model::{
+    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint,
+    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CompleteAction, CreatedSession,
+    Effect, EffectStatus, Event, ExecutorScope, Fence, HeartbeatAction, ItemPage, Lease, NewAgent,
+    NewEvent, NewSession, ResolveEffect, RetentionPolicy, RetentionReport, Session, SessionCommit,
+    SessionFilter, StoreBackend,
+};
+use crate::store::Store;
+
+/// What a database must supply: transactions and the change feed's broadcast.
+pub(crate) trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// One open transaction.
+    type Tx<'c>: Tx;
+
+    /// Which implementation this is.
+    const KIND: StoreBackend;
+
+    /// The broadcast the backend publishes committed notices to.
+    fn feed(&self) -> &Feed;
+
+    /// Runs `work` in one transaction (`write` says whether it may write), commits it, and
+    /// publishes its notices; rolls it back if `work` fails.
+    fn transact<R, F>(
+        &self,
+        operation: &'static str,
+        write: bool,
+        work: F,
+    ) -> impl Future<Output = Result<R, StoreError>> + Send
+    where
+        R: Send + 'static,
+        F: for<'a, 'c> FnOnce(&'a mut Self::Tx<'c>) -> BoxFuture<'a, Result<R, StoreError>>
+            + Send
+            + 'static;
+}
+
+/// `run!(self, "op", write, |tx| engine_call)`: the engine call runs in one transaction; the
+/// captured arguments must be owned.
+macro_rules! run {
+    ($store:expr, $operation:literal, $write:expr, |$tx:ident| $body:expr) => {
+        $store
+            .transact($operation, $write, move |$tx| {
+                Box::pin(async move { $body.await })
+            })
+            .await
+    };
+}
+
+#[async_trait]
+impl<B: Backend> Store for B {
+    fn backend(&self) -> StoreBackend {
+        B::KIND
+    }
+
+    fn subscribe_events(&self) -> broadcast::Receiver<EventNotice> {
+        self.feed().subscribe_events()
+    }
+
+    fn subscribe_work(&self) -> broadcast::Receiver<WorkNotice> {
+        self.feed().subscribe_work()
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        run!(self, "ping", false, |tx| engine::ping(tx))
+    }
+
+    async fn put_agent(&self, agent: NewAgent) -> Result<AgentDefinition, StoreError> {
+        run!(self, "put_agent", true, |tx| engine::put_agent(tx, agent))
+    }
+
+    async fn get_agent(&self, agent_id: &str) -> Result<AgentDefinition, StoreError> {
+        let agent_id = agent_id.to_owned();
+        run!(self, "get_agent", false, |tx| engine::get_agent(
+            tx, &agent_id
+        ))
+    }
+
+    async fn list_agents(&self) -> Result<Vec<AgentDefinition>, StoreError> {
+        run!(self, "list_agents", false, |tx| engine::list_agents(tx))
+    }
+
+    async fn create_session(&self, session: NewSession) -> Result<CreatedSession, StoreError> {
+        run!(self, "create_session", true, |tx| engine::create_session(
+            tx, session
+        ))
+    }
+
+    async fn get_session(&self, session_id: &str) -> Result<Session, StoreError> {
+        let session_id = session_id.to_owned();
+        run!(self, "get_session", false, |tx| engine::get_session(
+            tx,
+            &session_id
+        ))
+    }
+
+    async fn list_sessions(&self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError> {
+        let filter = filter.clone();
+        run!(self, "list_sessions", false, |tx| engine::list_sessions(
+            tx, &filter
+        ))
+    }
+
+    async fn commit(&self, commit: SessionCommit) -> Result<CommitOutcome, StoreError> {
+        run!(self, "commit", true, |tx| engine::commit(tx, commit))
+    }
+
+    async fn append_event(
+        &self,
+        session_id: &str,
+        fence: Option<&Fence>,
+        event: NewEvent,
+    ) -> Result<Event, StoreError> {
+        let session_id = session_id.to_owned();
+        let fence = fence.cloned();
+        run!(self, "append_event", true, |tx| engine::append_event(
+            tx,
+            &session_id,
+            fence,
+            event
+        ))
+    }
+
+    async fn list_events(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        let session_id = session_id.to_owned();
+        run!(self, "list_events", false, |tx| engine::list_events(
+            tx,
+            &session_id,
+            after,
+            limit
+        ))
+    }
+
+    async fn page_items(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<ItemPage, StoreError> {
+        let session_id = session_id.to_owned();
+        run!(self, "page_items", false, |tx| engine::page_items(
+            tx,
+            &session_id,
+            after,
+            limit
+        ))
+    }
+
+    async fn live_checkpoint(&self, session_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let session_id = session_id.to_owned();
+        run!(
+            self,
+            "live_checkpoint",
+            false,
+            |tx| engine::live_checkpoint(tx, &session_id)
+        )
+    }
+
+    async fn get_command(
+        &self,
+        session_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let session_id = session_id.to_owned();
+        let key = idempotency_key.to_owned();
+        run!(self, "get_command", false, |tx| engine::get_command(
+            tx,
+            &session_id,
+            &key
+        ))
+    }
+
+    async fn begin_effect(&self, begin: BeginEffect) -> Result<BeginEffectOutcome, StoreError> {
+        run!(self, "begin_effect", true, |tx| engine::begin_effect(
+            tx, begin
+        ))
+    }
+
+    async fn get_effect(&self, effect_id: &str) -> Result<Effect, StoreError> {
+        let effect_id = effect_id.to_owned();
+        run!(self, "get_effect", false, |tx| engine::get_effect(
+            tx, &effect_id
+        ))
+    }
+
+    async fn list_effects(
+        &self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let session_id = session_id.to_owned();
+        run!(self, "list_effects", false, |tx| engine::list_effects(
+            tx,
+            &session_id,
+            status
+        ))
+    }
+
+    async fn mark_in_flight_effects_uncertain(
+        &self,
+        fence: &Fence,
+        reason: &str,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let fence = fence.clone();
+        let reason = reason.to_owned();
+        run!(self, "mark_in_flight_effects_uncertain", true, |tx| {
+            engine::mark_in_flight_effects_uncertain(tx, fence, &reason)
+        })
+    }
+
+    async fn get_action(&self, action_id: &str) -> Result<Action, StoreError> {
+        let action_id = action_id.to_owned();
+        run!(self, "get_action", false, |tx| engine::get_action(
+            tx, &action_id
+        ))
+    }
+
+    async fn list_actions(&self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError> {
+        let filter = filter.clone();
+        run!(self, "list_actions", false, |tx| engine::list_actions(
+            tx, &filter
+        ))
+    }
+
+    async fn claim_action(&self, claim: ClaimAction) -> Result<ClaimedAction, StoreError> {
+        run!(self, "claim_action", true, |tx| engine::claim_action(
+            tx, claim
+        ))
+    }
+
+    async fn heartbeat_action(&self, heartbeat: HeartbeatAction) -> Result<Action, StoreError> {
+        run!(self, "heartbeat_action", true, |tx| {
+            engine::heartbeat_action(tx, heartbeat)
+        })
+    }
+
+    async fn expire_action_claims(&self) -> Result<Vec<Action>, StoreError> {
+        run!(self, "expire_action_claims", true, |tx| {
+            engine::expire_action_claims(tx)
+        })
+    }
+
+    async fn claim_runnable_session(
+        &self,
+        replica_id: &str,
+        lease: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let replica_id = replica_id.to_owned();
+        run!(self, "claim_runnable_session", true, |tx| {
+            engine::claim_runnable_session(tx, &replica_id, lease)
+        })
+    }
+
+    async fn acquire_session(
+        &self,
+        session_id: &str,
+        replica_id: &str,
+        lease: Duration,
+    ) -> Result<Lease, StoreError> {
+        let session_id = session_id.to_owned();
+        let replica_id = replica_id.to_owned();
+        run!(self, "acquire_session", true, |tx| {
+            engine::acquire_session(tx, &session_id, &replica_id, lease)
+        })
+    }
+
+    async fn renew_lease(&self, fence: &Fence, lease: Duration) -> Result<Lease, StoreError> {
+        let fence = fence.clone();
+        run!(self, "renew_lease", true, |tx| engine::renew_lease(
+            tx, fence, lease
+        ))
+    }
+
+    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
+        let fence = fence.clone();
+        run!(self, "release_lease", true, |tx| engine::release_lease(
+            tx, fence
+        ))
+    }
+
+    async fn apply_retention(
+        &self,
+        policy: &RetentionPolicy,
+    ) -> Result<RetentionReport, StoreError> {
+        let policy = policy.clone();
+        run!(self, "apply_retention", true, |tx| engine::apply_retention(
+            tx, &policy
+        ))
+    }
+
+    async fn cancel_turn(&self, cancel: CancelTurn) -> Result<CommitOutcome, StoreError> {
+        run!(self, "cancel_turn", true, |tx| engine::cancel_turn(
+            tx, cancel
+        ))
+    }
+
+    async fn complete_action(&self, done: CompleteAction) -> Result<CommitOutcome, StoreError> {
+        run!(self, "complete_action", true, |tx| engine::complete_action(
+            tx, done
+        ))
+    }
+
+    async fn resolve_effect(&self, resolve: ResolveEffect) -> Result<CommitOutcome, StoreError> {
+        run!(self, "resolve_effect", true, |tx| engine::resolve_effect(
+            tx, resolve
+        ))
+    }
+
+    async fn recover_in_flight_effects(
+        &self,
+        reason: &str,
+        leased_too: bool,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let reason = reason.to_owned();
+        run!(self, "recover_in_flight_effects", true, |tx| {
+            engine::recover_in_flight_effects(tx, &reason, leased_too)
+        })
+    }
+
+    async fn page_sessions(
+        &self,
+        filter: &SessionFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Session>, StoreError> {
+        let filter = filter.clone();
+        let after = after.map(str::to_owned);
+        run!(self, "page_sessions", false, |tx| engine::page_sessions(
+            tx,
+            &filter,
+            after.as_deref(),
+            limit
+        ))
+    }
+
+    async fn page_actions(
+        &self,
+        filter: &ActionFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Action>, StoreError> {
+        let filter = filter.clone();
+        let after = after.map(str::to_owned);
+        run!(self, "page_actions", false, |tx| engine::page_actions(
+            tx,
+            &filter,
+            after.as_deref(),
+            limit
+        ))
+    }
+
+    async fn page_effects(
+        &self,
+        session_id: &str,
+        status: Option<EffectStatus>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Effect>, StoreError> {
+        let session_id = session_id.to_owned();
+        let after = after.map(str::to_owned);
+        run!(self, "page_effects", false, |tx| engine::page_effects(
+            tx,
+            &session_id,
+            status,
+            after.as_deref(),
+            limit
+        ))
+    }
+
+    async fn claim_next_action(
+        &self,
+        scope: &ExecutorScope,
+        claim_id: &str,
+        lease: Duration,
+    ) -> Result<Option<ClaimedAction>, StoreError> {
+        let scope = scope.clone();
+        let claim_id = claim_id.to_owned();
+        run!(self, "claim_next_action", true, |tx| {
+            engine::claim_next_action(tx, scope, claim_id, lease)
+        })
+    }
+}
