@@ -1,7 +1,10 @@
 //! `corral`: the command-line front of corral.
 //!
 //! - `corral exec SCRIPT.js`: run one script in the sandbox and print a JSON report.
+//! - `corral chat --model ...`: a terminal chat over the chat runtime, on the embedded store.
 //! - `corral catalog typescript|prompt|check FILE.json`: inspect a capability catalog.
+//! - `corral serve --config FILE` (or `--demo`): the durable runtime server over HTTP.
+//! - `corral manifest hash FILE`: an agent manifest's content hash.
 
 #![forbid(unsafe_code)]
 
@@ -11,7 +14,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod catalog_cmd;
+mod chat;
 mod exec;
+mod serve;
 mod webhook;
 
 #[derive(Debug, Parser)]
@@ -29,6 +34,15 @@ struct Cli {
 enum Command {
     /// Run a script in the sandbox and print {"ok", "value"|"error", "logs", "stats"} as JSON.
     Exec(exec::ExecArgs),
+    /// Chat with an agent in the terminal: scripts are shown and approved before they run.
+    Chat(chat::ChatArgs),
+    /// Serve the durable runtime over HTTP (sessions, commands, events, executors).
+    Serve(serve::ServeArgs),
+    /// Agent manifests: `corral manifest hash FILE` prints the manifest's content hash.
+    Manifest {
+        #[command(subcommand)]
+        action: ManifestCommand,
+    },
     /// Render or check a capability catalog.
     Catalog {
         #[command(subcommand)]
@@ -46,6 +60,15 @@ enum CatalogCommand {
     Check(CatalogFile),
 }
 
+#[derive(Debug, Subcommand)]
+enum ManifestCommand {
+    /// Print `sha256:` + hex of the manifest's canonical JSON (what `PUT /v1/agents` reports).
+    Hash {
+        /// The manifest (JSON).
+        file: PathBuf,
+    },
+}
+
 #[derive(Debug, clap::Args)]
 struct CatalogFile {
     /// A corral catalog ({"capabilities": [...]}) or an MCP tools/list result ({"tools": [...]}).
@@ -59,6 +82,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Exec(args) => exec::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Manifest {
+            action: ManifestCommand::Hash { file },
+        } => serve::manifest_hash_command(&file),
         Command::Catalog { action } => {
             let (action, file) = match action {
                 CatalogCommand::Typescript(f) => (catalog_cmd::CatalogAction::Typescript, f),

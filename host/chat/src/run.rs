@@ -1,0 +1,815 @@
+//! The run loop: model steps, tool calls one at a time, gates, suspension, replay.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use corral_catalog::render_prompt;
+use corral_models::{
+    Message, ModelRequest, ModelResponse, RetryPolicy, ToolCall, ToolSpec, Usage, call_with_retry,
+};
+use corral_sandbox::{ExecError, ExecutorSession, Invocation, InvocationContext};
+use corral_store::EffectKind;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::compaction::{estimate_tokens, split_point, summary_request};
+use crate::emit::Emitter;
+use crate::executor::ExecutorRequest;
+use crate::journal::{ConversationStore, JournalError, Journaled};
+use crate::replay::{CallJournal, CallOutcome, ReplaySchedule, ScriptBackend};
+use crate::sink::RunEventKind;
+use crate::types::{
+    ConversationItem, Decision, Input, Interaction, RunError, RunResult, SuspensionContext,
+    conversation_from_items, summary_message,
+};
+use crate::util::{sha256_json, stable_u64};
+
+/// The name of the one model tool in JS mode.
+pub const RUN_JS: &str = "run_js";
+
+/// The `run_js` tool: its description is the rendered prompt; its one argument is
+/// `{"code": SCRIPT}`.
+pub fn run_js_tool(description: String) -> ToolSpec {
+    ToolSpec {
+        name: RUN_JS.to_string(),
+        description,
+        input_schema: json!({
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The JavaScript program: the body of an async function."}},
+            "required": ["code"],
+            "additionalProperties": false,
+        }),
+    }
+}
+
+/// The model tool name of a capability in direct mode: its id with `.` as `__` (providers
+/// accept `[A-Za-z0-9_-]` only).
+pub fn direct_tool_name(capability_id: &str) -> String {
+    capability_id.replace('.', "__")
+}
+
+/// Checks that `suspension` can resume a run of `input`'s turn: same turn, a permission
+/// suspension (something pending), and the same fingerprint.
+pub fn check_suspension(suspension: &SuspensionContext, input: &Input) -> Result<(), RunError> {
+    if suspension.turn_id != input.turn_id {
+        return Err(RunError::IncompatibleCheckpoint(format!(
+            "the checkpoint belongs to turn {}, not {}",
+            suspension.turn_id, input.turn_id
+        )));
+    }
+    if suspension.pending.is_empty() {
+        return Err(RunError::IncompatibleCheckpoint(
+            "the checkpoint is not a permission suspension (nothing is pending)".into(),
+        ));
+    }
+    if suspension.fingerprint.as_deref() != Some(input.fingerprint.as_str()) {
+        return Err(RunError::IncompatibleCheckpoint(
+            "the catalog, manifest or implementation version changed since the turn was suspended"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs (or re-runs, from the journal) one turn until it completes, suspends, waits, fails or
+/// is cancelled through `ctx`. The executor, if one was allocated, is closed on every exit.
+pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, RunError> {
+    if input.max_steps == 0 {
+        return Err(RunError::Usage("the step budget must be positive".into()));
+    }
+    if input.limits.max_output >= input.limits.context_window {
+        return Err(RunError::Usage(
+            "max_output must be smaller than the context window".into(),
+        ));
+    }
+    let tools = if input.direct_tools {
+        let mut tools: Vec<ToolSpec> = Vec::new();
+        for capability in input.capabilities.capabilities() {
+            let name = direct_tool_name(&capability.id);
+            if tools.iter().any(|t| t.name == name) {
+                return Err(RunError::Usage(format!(
+                    "two capabilities map to the direct tool name {name}"
+                )));
+            }
+            tools.push(ToolSpec {
+                name,
+                description: capability.description.clone().unwrap_or_default(),
+                input_schema: capability.input_schema.clone(),
+            });
+        }
+        // Rendering is still checked, so a schema the model could not be shown fails here too.
+        corral_catalog::render_typescript(&input.capabilities)?;
+        tools
+    } else {
+        if input.executor_factory.is_none() {
+            return Err(RunError::Usage(
+                "JS mode needs an executor factory".into(),
+            ));
+        }
+        vec![run_js_tool(render_prompt(&input.capabilities)?.text)]
+    };
+    let mut decisions = input.decisions.clone();
+    if let Some(resume) = &input.resume {
+        check_suspension(&resume.suspension, &input)?;
+        for (id, decision) in &resume.suspension.decisions {
+            decisions.entry(id.clone()).or_insert_with(|| decision.clone());
+        }
+        for pending in &resume.suspension.pending {
+            decisions
+                .entry(pending.interaction_id.clone())
+                .or_insert_with(|| Decision {
+                    approved: resume.approved,
+                    reason: resume.reason.clone(),
+                    value: None,
+                });
+        }
+    }
+
+    let store = Arc::clone(&input.store);
+    let history = store.history().await?;
+    let prior_model_calls = store.model_calls_before(&input.turn_id).await?;
+    let emitter = Arc::new(Emitter::new(Arc::clone(&input.sink), input.turn_id.clone()));
+    let journal = Arc::new(CallJournal {
+        store: Arc::clone(&store),
+        inner: Arc::clone(&input.backend),
+        catalog: Arc::clone(&input.capabilities),
+        actions: input.action_capabilities.clone(),
+        turn_id: input.turn_id.clone(),
+        policy: input.approval,
+        auto_confirm: input.auto_confirm,
+        decisions: decisions.clone(),
+        emitter: Arc::clone(&emitter),
+        tool_id: Default::default(),
+        held: Default::default(),
+        unflushed: Default::default(),
+    });
+    let mut messages = conversation_from_items(&history);
+    let user = Message::User {
+        content: input.message.clone(),
+    };
+    messages.push(user.clone());
+    let mut turn = Turn {
+        ctx,
+        system: compose_system(&input),
+        input: &input,
+        store,
+        emitter,
+        journal: Arc::clone(&journal),
+        script_backend: Arc::new(ScriptBackend {
+            journal,
+            step: Default::default(),
+        }),
+        decisions,
+        executor: None,
+        tools,
+        messages,
+        items: vec![ConversationItem::Message { message: user }],
+        model_calls: prior_model_calls,
+        usage: Usage::default(),
+    };
+    let result = turn.run().await;
+    // Closing the executor on every exit: completion, suspension, waiting, failure, cancel.
+    turn.executor = None;
+    if let Some(failure) = turn.emitter.failure() {
+        return Ok(RunResult::Failed {
+            code: "sink_error".into(),
+            message: failure,
+        });
+    }
+    result
+}
+
+fn compose_system(input: &Input) -> String {
+    input.instructions.clone()
+}
+
+/// A tool call's end: a result for the model, or the end of the run.
+enum ToolEnd {
+    Result { content: String, is_error: bool },
+    Stop(RunResult),
+}
+
+struct Turn<'a> {
+    ctx: &'a CancellationToken,
+    input: &'a Input,
+    system: String,
+    store: Arc<dyn ConversationStore>,
+    emitter: Arc<Emitter>,
+    journal: Arc<CallJournal>,
+    script_backend: Arc<ScriptBackend>,
+    decisions: BTreeMap<String, Decision>,
+    executor: Option<ExecutorSession>,
+    tools: Vec<ToolSpec>,
+    messages: Vec<Message>,
+    items: Vec<ConversationItem>,
+    /// Model calls of the conversation so far (earlier turns and this one).
+    model_calls: u64,
+    usage: Usage,
+}
+
+fn failed(code: &str, message: impl Into<String>) -> RunResult {
+    RunResult::Failed {
+        code: code.to_string(),
+        message: message.into(),
+    }
+}
+
+fn journal_stop(error: JournalError) -> Result<RunResult, RunError> {
+    match error {
+        JournalError::Drift { effect_id } => Ok(failed(
+            "effect_drift",
+            format!("effect {effect_id} was journaled with a different request: the turn no longer replays the same way"),
+        )),
+        other => Err(RunError::Store(other)),
+    }
+}
+
+impl Turn<'_> {
+    async fn run(&mut self) -> Result<RunResult, RunError> {
+        let turn_id = self.input.turn_id.clone();
+        for step in 0..self.input.max_steps {
+            self.script_backend
+                .step
+                .store(step, std::sync::atomic::Ordering::Relaxed);
+            if let Some(stop) = self.compact_if_needed(step).await? {
+                return Ok(stop);
+            }
+            let request = self.request();
+            let response = match self
+                .model_effect(step, &format!("{turn_id}:s{step}:model"), request, true)
+                .await?
+            {
+                Ok(response) => response,
+                Err(stop) => return Ok(stop),
+            };
+            self.usage.input_tokens += response.usage.input_tokens;
+            self.usage.output_tokens += response.usage.output_tokens;
+            let assistant = Message::Assistant {
+                text: response.text.clone(),
+                tool_calls: response.tool_calls.clone(),
+            };
+            self.push(assistant);
+            if response.tool_calls.is_empty() {
+                return Ok(RunResult::Completed {
+                    text: response.text,
+                    usage: self.usage,
+                    steps: step + 1,
+                    items: self
+                        .items
+                        .iter()
+                        .filter_map(|item| serde_json::to_value(item).ok())
+                        .collect(),
+                });
+            }
+            for (k, call) in response.tool_calls.iter().enumerate() {
+                let tool_id = format!("{turn_id}:s{step}:t{k}");
+                match self.tool_call(step, &tool_id, call).await? {
+                    ToolEnd::Result { content, is_error } => self.push(Message::Tool {
+                        tool_call_id: call.id.clone(),
+                        content,
+                        is_error,
+                    }),
+                    ToolEnd::Stop(result) => return Ok(result),
+                }
+            }
+        }
+        Ok(RunResult::StepBudgetExhausted {
+            steps: self.input.max_steps,
+        })
+    }
+
+    fn push(&mut self, message: Message) {
+        self.items.push(ConversationItem::Message {
+            message: message.clone(),
+        });
+        self.messages.push(message);
+    }
+
+    fn request(&self) -> ModelRequest {
+        ModelRequest {
+            system: self.system.clone(),
+            messages: self.messages.clone(),
+            tools: self.tools.clone(),
+            max_output_tokens: self.input.limits.max_output,
+            call_index: self.model_calls,
+        }
+    }
+
+    /// Summarizes older messages when the next request would not fit the model's limits.
+    async fn compact_if_needed(&mut self, step: u32) -> Result<Option<RunResult>, RunError> {
+        let budget = (self.input.limits.context_window - self.input.limits.max_output) as usize;
+        let before = estimate_tokens(&self.request());
+        if before <= budget {
+            return Ok(None);
+        }
+        let Some(split) = split_point(&self.messages, budget / 2) else {
+            return Ok(None);
+        };
+        let summary = summary_request(
+            &self.messages[..split],
+            self.input.limits.max_output.min(1024),
+            self.model_calls,
+        );
+        let effect_id = format!("{}:s{step}:compact", self.input.turn_id);
+        let was_new = self.store.lookup(&effect_id).await?.is_none();
+        let response = match self.model_effect(step, &effect_id, summary, false).await? {
+            Ok(response) => response,
+            Err(stop) => return Ok(Some(stop)),
+        };
+        let kept = self.messages[split..].to_vec();
+        self.items = vec![ConversationItem::Compaction {
+            summary: response.text.clone(),
+            kept: kept.clone(),
+        }];
+        let mut messages = vec![summary_message(&response.text)];
+        messages.extend(kept);
+        self.messages = messages;
+        if was_new {
+            let after = estimate_tokens(&self.request());
+            self.emitter
+                .emit(
+                    step,
+                    RunEventKind::Compaction {
+                        summarized_messages: split,
+                        kept_messages: self.messages.len() - 1,
+                        tokens_before: before,
+                        tokens_after: after,
+                    },
+                )
+                .await;
+        }
+        Ok(None)
+    }
+
+    /// One model call through the journal. `Ok(Err(stop))` ends the run.
+    async fn model_effect(
+        &mut self,
+        step: u32,
+        effect_id: &str,
+        request: ModelRequest,
+        stream_text: bool,
+    ) -> Result<Result<ModelResponse, RunResult>, RunError> {
+        let request_json = serde_json::to_value(&request).unwrap_or(Value::Null);
+        let journal_request = json!({
+            "model": self.input.model.describe(),
+            "callIndex": request.call_index,
+            "sha256": sha256_json(&request_json),
+        });
+        self.model_calls += 1;
+        let journaled = match self
+            .store
+            .begin(
+                &self.input.turn_id,
+                effect_id,
+                EffectKind::ModelCall,
+                journal_request,
+                None,
+            )
+            .await
+        {
+            Ok(journaled) => journaled,
+            Err(error) => return journal_stop(error).map(Err),
+        };
+        match journaled {
+            Journaled::Completed(outcome) => return Ok(model_outcome(outcome)),
+            Journaled::Uncertain => {
+                return Ok(Err(RunResult::Uncertain {
+                    effect_ids: vec![effect_id.to_string()],
+                }));
+            }
+            Journaled::Pending => self.store.restart(effect_id).await?,
+            Journaled::New => {}
+        }
+        let (deltas, mut receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let model = Arc::clone(&self.input.model);
+        let policy = RetryPolicy::default();
+        let call = call_with_retry(model.as_ref(), &request, &policy, move |delta: &str| {
+            if stream_text {
+                let _ = deltas.send(delta.to_string());
+            }
+        });
+        let mut call = std::pin::pin!(call);
+        let result = loop {
+            tokio::select! {
+                biased;
+                () = self.ctx.cancelled() => return Ok(Err(RunResult::Cancelled)),
+                Some(text) = receiver.recv() => {
+                    self.emitter.emit(step, RunEventKind::TextDelta { text }).await;
+                }
+                result = &mut call => break result,
+            }
+        };
+        while let Ok(text) = receiver.try_recv() {
+            self.emitter
+                .emit(step, RunEventKind::TextDelta { text })
+                .await;
+        }
+        let outcome = match &result {
+            Ok(response) => json!({"ok": response}),
+            Err(error) => json!({"error": {"code": error.code(), "message": error.to_string()}}),
+        };
+        self.store.complete(effect_id, outcome.clone()).await?;
+        Ok(model_outcome(outcome))
+    }
+
+    async fn tool_call(
+        &mut self,
+        step: u32,
+        tool_id: &str,
+        call: &ToolCall,
+    ) -> Result<ToolEnd, RunError> {
+        let turn_id = self.input.turn_id.clone();
+        let result_id = format!("{tool_id}:result");
+        if let Some(Journaled::Completed(done)) = self.store.lookup(&result_id).await? {
+            return Ok(ToolEnd::Result {
+                content: done["content"].as_str().unwrap_or_default().to_string(),
+                is_error: done["isError"].as_bool().unwrap_or(false),
+            });
+        }
+        let started = match self
+            .store
+            .record(
+                &turn_id,
+                &format!("{tool_id}:started"),
+                EffectKind::Script,
+                json!({"name": call.name, "argumentsSha256": sha256_json(&call.arguments)}),
+                json!({}),
+            )
+            .await
+        {
+            Ok(started) => started,
+            Err(error) => return journal_stop(error).map(ToolEnd::Stop),
+        };
+        if started == Journaled::New {
+            self.emitter
+                .tool_started(step, &call.id, &call.name, &call.arguments)
+                .await;
+        }
+        let started_at = std::time::Instant::now();
+        let end = if self.input.direct_tools {
+            self.direct_call(step, tool_id, call).await?
+        } else if call.name == RUN_JS {
+            self.run_js(step, tool_id, call).await?
+        } else {
+            Ok((
+                format!(
+                    "unknown tool {}: the only tool is {RUN_JS}",
+                    call.name
+                ),
+                true,
+                (0, 0),
+            ))
+        };
+        let (content, is_error, (fuel, calls)) = match end {
+            Ok(done) => done,
+            Err(stop) => return Ok(ToolEnd::Stop(stop)),
+        };
+        let wall_us = u64::try_from(started_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let record = json!({"content": content, "isError": is_error, "fuel": fuel, "wallUs": wall_us, "calls": calls});
+        let recorded = match self
+            .store
+            .record(
+                &turn_id,
+                &result_id,
+                EffectKind::Script,
+                json!({"name": call.name, "argumentsSha256": sha256_json(&call.arguments)}),
+                record,
+            )
+            .await
+        {
+            Ok(recorded) => recorded,
+            Err(error) => return journal_stop(error).map(ToolEnd::Stop),
+        };
+        if recorded == Journaled::New {
+            let result = serde_json::from_str(&content).unwrap_or(Value::String(content.clone()));
+            self.emitter
+                .emit(
+                    step,
+                    RunEventKind::ToolFinished {
+                        tool_call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        result,
+                        is_error,
+                        fuel,
+                        wall_us,
+                        calls,
+                    },
+                )
+                .await;
+        }
+        Ok(ToolEnd::Result { content, is_error })
+    }
+
+    /// Persists the checkpoint, then announces the permission requests (each once per turn).
+    async fn suspend(
+        &mut self,
+        step: u32,
+        pending: Vec<Interaction>,
+    ) -> Result<RunResult, RunError> {
+        let suspension = SuspensionContext {
+            version: 1,
+            turn_id: self.input.turn_id.clone(),
+            message: self.input.message.clone(),
+            pending: pending.clone(),
+            decisions: self.decisions.clone(),
+            fingerprint: Some(self.input.fingerprint.clone()),
+        };
+        self.store.save_checkpoint(&suspension).await?;
+        for interaction in &pending {
+            let announced = self
+                .store
+                .record(
+                    &self.input.turn_id,
+                    &format!("{}:requested", interaction.interaction_id),
+                    EffectKind::Approval,
+                    json!({"argumentsSha256": interaction.arguments_sha256}),
+                    json!({}),
+                )
+                .await;
+            match announced {
+                Ok(Journaled::New) => {
+                    self.emitter
+                        .permission_requested(step, interaction.clone())
+                        .await;
+                }
+                Ok(_) => {}
+                Err(error) => return journal_stop(error),
+            }
+        }
+        self.emitter
+            .emit(step, RunEventKind::Suspended {
+                interactions: pending,
+            })
+            .await;
+        Ok(RunResult::Suspended { suspension })
+    }
+
+    /// `Ok(Ok((content, is_error, (fuel, calls))))` is a tool result for the model.
+    #[allow(clippy::type_complexity)]
+    async fn run_js(
+        &mut self,
+        step: u32,
+        tool_id: &str,
+        call: &ToolCall,
+    ) -> Result<Result<(String, bool, (u64, u32)), RunResult>, RunError> {
+        let Some(code) = call.arguments.get("code").and_then(Value::as_str) else {
+            return Ok(Ok((
+                "run_js takes one argument: {\"code\": \"<JavaScript>\"}".into(),
+                true,
+                (0, 0),
+            )));
+        };
+        if self.input.approval == crate::ApprovalPolicy::Script {
+            let interaction = Interaction {
+                interaction_id: tool_id.to_string(),
+                kind: "approval".into(),
+                tool_name: RUN_JS.into(),
+                capability_id: None,
+                arguments: call.arguments.clone(),
+                arguments_sha256: sha256_json(&call.arguments),
+            };
+            match self.journal.gate(interaction, step).await {
+                Ok(None) => {}
+                Ok(Some(CallOutcome::Held(_))) => {
+                    let pending = self.journal.take_held().interactions;
+                    return self.suspend(step, pending).await.map(Err);
+                }
+                Ok(Some(CallOutcome::Done(rejected))) => {
+                    let reason = rejected
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default();
+                    return Ok(Ok((
+                        format!("The user did not approve running this script ({reason})."),
+                        true,
+                        (0, 0),
+                    )));
+                }
+                Err(error) => return journal_stop(error).map(Err),
+            }
+        }
+        if self.executor.is_none() {
+            let factory = self
+                .input
+                .executor_factory
+                .as_ref()
+                .ok_or_else(|| RunError::Usage("JS mode needs an executor factory".into()))?;
+            let context = self.invocation_context();
+            let request = ExecutorRequest {
+                catalog: Arc::clone(&self.input.capabilities),
+                backend: Arc::clone(&self.script_backend) as Arc<dyn corral_sandbox::Backend>,
+                context,
+                user: self.input.user.clone(),
+                random_seed: stable_u64(&self.input.turn_id),
+            };
+            match factory.create(request).await {
+                Ok(session) => self.executor = Some(session),
+                Err(error) => {
+                    return Ok(Err(failed(
+                        "executor_error",
+                        format!("the sandbox could not start a session: {error}"),
+                    )));
+                }
+            }
+        }
+        self.journal.set_tool(tool_id);
+        let records = self
+            .store
+            .completed_with_prefix(&format!("{tool_id}:b"))
+            .await?;
+        let mut schedule =
+            match ReplaySchedule::from_journal(Arc::clone(&self.journal), tool_id, records) {
+                Ok(schedule) => schedule,
+                Err(message) => return Ok(Err(failed("effect_drift", message))),
+            };
+        let Some(executor) = self.executor.as_mut() else {
+            return Ok(Err(failed("executor_error", "no executor")));
+        };
+        let report = tokio::select! {
+            biased;
+            () = self.ctx.cancelled() => {
+                self.executor = None;
+                return Ok(Err(RunResult::Cancelled));
+            }
+            report = executor.run_scheduled(code, &mut schedule) => report,
+        };
+        if let Err(error) = self.journal.flush_batches().await {
+            return journal_stop(error).map(Err);
+        }
+        if executor.is_discarded() {
+            self.executor = None;
+        }
+        let held = self.journal.take_held();
+        match &report.outcome {
+            Err(ExecError::Schedule(error)) => {
+                return Ok(Err(failed("effect_drift", error.to_string())));
+            }
+            Err(ExecError::Suspended { .. }) => return self.held_stop(step, held).await.map(Err),
+            _ if held.drift.is_some() || held.failure.is_some() => {
+                return self.held_stop(step, held).await.map(Err);
+            }
+            _ => {}
+        }
+        let content = report.to_json().to_string();
+        Ok(Ok((
+            content,
+            report.outcome.is_err(),
+            (report.stats.fuel, report.stats.calls),
+        )))
+    }
+
+    /// A capability called directly as a model tool: validated, gated when it needs approval,
+    /// journaled, redacted.
+    #[allow(clippy::type_complexity)]
+    async fn direct_call(
+        &mut self,
+        step: u32,
+        tool_id: &str,
+        call: &ToolCall,
+    ) -> Result<Result<(String, bool, (u64, u32)), RunResult>, RunError> {
+        let catalog = Arc::clone(&self.input.capabilities);
+        let Some((index, capability)) = catalog
+            .capabilities()
+            .iter()
+            .enumerate()
+            .find(|(_, c)| direct_tool_name(&c.id) == call.name)
+        else {
+            return Ok(Ok((format!("unknown tool {}", call.name), true, (0, 0))));
+        };
+        let argument = match &call.arguments {
+            Value::Null => json!({}),
+            other => other.clone(),
+        };
+        if !argument.is_object() {
+            return Ok(Ok((
+                format!("{} takes one object argument", call.name),
+                true,
+                (0, 0),
+            )));
+        }
+        if let Err(error) = catalog.validate_input(index, &argument) {
+            let message = self.input.redactor.redact_text(&error.to_string()).into_owned();
+            return Ok(Ok((message, true, (0, 0))));
+        }
+        if capability.needs_approval {
+            let interaction = Interaction {
+                interaction_id: tool_id.to_string(),
+                kind: "approval".into(),
+                tool_name: call.name.clone(),
+                capability_id: Some(capability.id.clone()),
+                arguments_sha256: sha256_json(&argument),
+                arguments: argument.clone(),
+            };
+            match self.journal.gate(interaction, step).await {
+                Ok(None) => {}
+                Ok(Some(CallOutcome::Held(_))) => {
+                    let pending = self.journal.take_held().interactions;
+                    return self.suspend(step, pending).await.map(Err);
+                }
+                Ok(Some(CallOutcome::Done(rejected))) => {
+                    let reason = rejected.err().map(|e| e.to_string()).unwrap_or_default();
+                    return Ok(Ok((
+                        format!("The user did not approve this call ({reason})."),
+                        true,
+                        (0, 0),
+                    )));
+                }
+                Err(error) => return journal_stop(error).map(Err),
+            }
+        }
+        self.journal.set_tool(tool_id);
+        let context = self.invocation_context();
+        let invocation = Invocation {
+            capability_id: capability.id.clone(),
+            tool_call_id: tool_id.to_string(),
+            input: Value::Array(vec![argument]),
+        };
+        match self
+            .journal
+            .call(&format!("{tool_id}:call"), &context, invocation)
+            .await
+        {
+            Ok(CallOutcome::Done(Ok(result))) => {
+                let mut output = result.output;
+                self.input.redactor.redact_json(&mut output);
+                let content = match output {
+                    Value::String(text) if capability.text_output => text,
+                    other => other.to_string(),
+                };
+                Ok(Ok((content, false, (0, 1))))
+            }
+            Ok(CallOutcome::Done(Err(error))) => {
+                let message = self.input.redactor.redact_text(&error.to_string()).into_owned();
+                Ok(Ok((message, true, (0, 1))))
+            }
+            Ok(CallOutcome::Held(_)) => {
+                let held = self.journal.take_held();
+                self.held_stop(step, held).await.map(Err)
+            }
+            Err(error) => journal_stop(error).map(Err),
+        }
+    }
+
+    /// The end of a run whose call was held: suspended, uncertain, waiting or failed.
+    async fn held_stop(
+        &mut self,
+        step: u32,
+        held: crate::replay::HeldState,
+    ) -> Result<RunResult, RunError> {
+        if let Some(drift) = held.drift {
+            return Ok(failed("effect_drift", drift));
+        }
+        if let Some(failure) = held.failure {
+            return Ok(failed("store_error", failure));
+        }
+        if !held.interactions.is_empty() {
+            return self.suspend(step, held.interactions).await;
+        }
+        if !held.uncertain.is_empty() {
+            return Ok(RunResult::Uncertain {
+                effect_ids: held.uncertain,
+            });
+        }
+        if !held.waiting.is_empty() {
+            self.emitter
+                .emit(
+                    step,
+                    RunEventKind::Waiting {
+                        effect_ids: held.waiting.clone(),
+                    },
+                )
+                .await;
+            return Ok(RunResult::Waiting {
+                effect_ids: held.waiting,
+            });
+        }
+        Ok(failed(
+            "executor_error",
+            "the call was held with nothing to wait on",
+        ))
+    }
+
+    fn invocation_context(&self) -> InvocationContext {
+        InvocationContext {
+            session_id: self.input.turn_id.clone(),
+            run_id: Some(self.input.turn_id.clone()),
+            user_id: self.input.user.as_ref().map(|u| u.id.clone()),
+            ..InvocationContext::default()
+        }
+    }
+}
+
+/// The journaled outcome of a model call: the response, or the failure that ends the run.
+fn model_outcome(outcome: Value) -> Result<ModelResponse, RunResult> {
+    if let Some(ok) = outcome.get("ok")
+        && let Ok(response) = serde_json::from_value::<ModelResponse>(ok.clone())
+    {
+        return Ok(response);
+    }
+    let message = outcome["error"]["message"]
+        .as_str()
+        .unwrap_or("the model call failed")
+        .to_string();
+    Err(failed("model_error", message))
+}
+

@@ -1,0 +1,202 @@
+//! `corral serve`: the durable runtime server, and `corral manifest hash FILE`.
+//!
+//! This file is the one place that opens the store, picks the turn engine, starts the server
+//! and stops it on SIGINT/SIGTERM (graceful shutdown lives in `corral_server::Server::run`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use corral_server::manifest::{Manifest, manifest_hash};
+use corral_server::script::ScriptRunner;
+use corral_server::{Config, Server, StoreLocation, TokenConfig, TurnRunner};
+use corral_store::{NewAgent, PostgresOptions, PostgresStore, SqliteStore, Store};
+
+/// `corral serve` options.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The TOML configuration (listen, store, leaseMs, [[tokens]]).
+    #[arg(long, required_unless_present = "demo", conflicts_with = "demo")]
+    config: Option<PathBuf>,
+    /// Demo mode: a fresh embedded store, a demo application token (printed) and the demo
+    /// agent of examples/demo-agent.json registered.
+    #[arg(long)]
+    demo: bool,
+    /// With --demo: where to listen.
+    #[arg(long, default_value = "127.0.0.1:8787", requires = "demo")]
+    listen: SocketAddr,
+    /// With --demo: the agent manifest to register.
+    #[arg(long, default_value = "examples/demo-agent.json", requires = "demo")]
+    agent: PathBuf,
+}
+
+/// `corral manifest hash FILE`.
+pub fn manifest_hash_command(file: &Path) -> ExitCode {
+    let result = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read {}", file.display()))
+        .and_then(|text| {
+            serde_json::from_str::<serde_json::Value>(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))
+        });
+    match result {
+        Ok(manifest) => {
+            println!("{}", manifest_hash(&manifest));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("corral manifest hash: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `corral serve` until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("corral serve: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("corral serve: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The turn engine: the chat runtime, with scripts in one sandbox for the process.
+/// `CORRAL_TURN_ENGINE=script` selects the server's small scripted engine instead (its effects
+/// logged to `$CORRAL_SCRIPT_EFFECT_LOG`), which the server's own crash loop uses to test the
+/// server's invariants apart from the chat runtime.
+fn runner(_config: &Config) -> anyhow::Result<Arc<dyn TurnRunner>> {
+    if std::env::var("CORRAL_TURN_ENGINE").as_deref() == Ok("script") {
+        let log = std::env::var_os("CORRAL_SCRIPT_EFFECT_LOG").map(PathBuf::from);
+        return Ok(Arc::new(ScriptRunner::new(log)));
+    }
+    let sandbox = corral_sandbox::Sandbox::new(corral_sandbox::SandboxConfig::default())
+        .context("loading the sandbox")?;
+    Ok(Arc::new(corral_server::ChatTurnRunner::new(sandbox)))
+}
+
+async fn open_store(location: &StoreLocation) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match location {
+        StoreLocation::Sqlite(path) => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("cannot create {}", parent.display()))?;
+            }
+            Arc::new(SqliteStore::open(path)?)
+        }
+        StoreLocation::Postgres(url) => {
+            Arc::new(PostgresStore::connect(PostgresOptions::from_url(url)?).await?)
+        }
+        other => bail!("unsupported store {other:?}"),
+    })
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (config, demo) = if args.demo {
+        let folder = std::env::temp_dir().join(format!("corral-demo-{}", std::process::id()));
+        let token = format!("demo-{}", uuid_like());
+        let config = Config::new(
+            args.listen,
+            StoreLocation::Sqlite(folder.join("corral.db")),
+            Config::DEFAULT_LEASE,
+            vec![TokenConfig::application(&token, None)],
+        )?;
+        (config, Some((token, folder)))
+    } else {
+        let path = args
+            .config
+            .as_deref()
+            .context("--config FILE is required")?;
+        (Config::from_file(path)?, None)
+    };
+    let store = open_store(&config.store).await?;
+    if let Some((token, _)) = &demo {
+        let text = std::fs::read_to_string(&args.agent)
+            .with_context(|| format!("cannot read {}", args.agent.display()))?;
+        let value: serde_json::Value = serde_json::from_str(&text)?;
+        let manifest = Manifest::from_value(&value)?;
+        store
+            .put_agent(NewAgent::new(
+                &manifest.id,
+                value.clone(),
+                manifest_hash(&value),
+                "1",
+            ))
+            .await?;
+        println!("demo agent: {} ({})", manifest.id, manifest_hash(&value));
+        println!("token: {token}");
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener.local_addr()?;
+    let runner = runner(&config)?;
+    let server = Server::new(config, Arc::clone(&store), runner);
+    println!("listening on http://{address}");
+    let served = server.run(listener, shutdown_signal()).await;
+    drop(store);
+    if let Some((_, folder)) = demo {
+        // Give the store a moment to release its files before they go.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = std::fs::remove_dir_all(folder);
+    }
+    served.context("the server failed")
+}
+
+/// A random-enough id for the demo token, without another dependency.
+fn uuid_like() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    for _ in 0..2 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        out.push_str(&format!("{:016x}", hasher.finish()));
+    }
+    out
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

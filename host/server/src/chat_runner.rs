@@ -1,0 +1,305 @@
+//! The production [`TurnRunner`]: the chat runtime (`corral-chat`) driven by an agent's
+//! manifest, journaling through the store under the session's lease.
+//!
+//! - The model comes from the manifest (`scripted` replies, or `openai`/`anthropic` with the key
+//!   from the server's environment, never from the manifest).
+//! - Capabilities: `builtin` ones run corral's example tools in-process, `webhook` ones are
+//!   POSTed to their `webhookUrl`, `action` ones become actions that external executors claim
+//!   (the turn waits until their result arrives).
+//! - Every event the runtime emits is appended to the session's event stream under the fence.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use corral_catalog::{Catalog, Redactor};
+use corral_chat::backends::{RoutingBackend, WebhookBackend};
+use corral_chat::{
+    ApprovalPolicy, Decision, EventSink, Input, ModelLimits, RunError, RunEvent, RunResult,
+    SandboxExecutorFactory, SinkError, StoreJournal,
+};
+use corral_models::{Model, Provider, ProviderConfig, ScriptedModel};
+use corral_sandbox::examples::{ExampleBackend, example_catalog};
+use corral_sandbox::{Backend, Sandbox, ScriptUser, SessionLimits};
+use corral_store::{Fence, NewEvent, Store};
+use serde_json::{Value, json};
+
+use crate::manifest::{Approval, BUILTIN_CAPABILITIES, Manifest, Mode, ModelSpec};
+use crate::runner::{TurnCheckpoint, TurnJob, TurnOutcome, TurnRunner};
+
+/// Runs turns with the chat runtime in one shared [`Sandbox`].
+#[derive(Debug, Clone)]
+pub struct ChatTurnRunner {
+    sandbox: Sandbox,
+}
+
+impl ChatTurnRunner {
+    /// A runner whose scripts run in `sandbox`.
+    pub fn new(sandbox: Sandbox) -> Self {
+        ChatTurnRunner { sandbox }
+    }
+}
+
+/// Appends the runtime's events to the session's stream.
+struct StoreSink {
+    store: Arc<dyn Store>,
+    session_id: String,
+    fence: Fence,
+}
+
+#[async_trait]
+impl EventSink for StoreSink {
+    async fn emit(&self, event: RunEvent) -> Result<(), SinkError> {
+        let mut data = event.kind.data();
+        if let Value::Object(map) = &mut data {
+            map.insert("step".into(), json!(event.step));
+        }
+        let new = NewEvent::new(event.kind.type_name(), data).in_turn(event.run_id);
+        self.store
+            .append_event(&self.session_id, Some(&self.fence), new)
+            .await
+            .map(|_| ())
+            .map_err(|e| SinkError(e.to_string()))
+    }
+}
+
+fn failed(code: &str, message: impl Into<String>) -> TurnOutcome {
+    TurnOutcome::Failed {
+        code: code.to_string(),
+        message: message.into(),
+    }
+}
+
+/// The catalog, backend and action capabilities an agent's manifest declares.
+pub fn manifest_capabilities(
+    manifest: &Manifest,
+) -> Result<(Catalog, RoutingBackend, Vec<String>), String> {
+    let examples = example_catalog();
+    let mut definitions = Vec::new();
+    let mut backend = RoutingBackend::default();
+    let mut actions = Vec::new();
+    let builtin: Arc<dyn Backend> = Arc::new(ExampleBackend);
+    for capability in &manifest.capabilities {
+        let Some(object) = capability.as_object() else {
+            return Err("a capability is not an object".into());
+        };
+        let mut definition = object.clone();
+        let kind = definition
+            .remove("kind")
+            .and_then(|k| k.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let webhook = definition.remove("webhookUrl");
+        let id = definition
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        match kind.as_str() {
+            "builtin" => {
+                if !BUILTIN_CAPABILITIES.contains(&id.as_str()) {
+                    return Err(format!("{id} is not a builtin capability"));
+                }
+                if !definition.contains_key("input_schema")
+                    && let Some((_, example)) = examples.get(&id)
+                {
+                    let mut full = serde_json::to_value(example)
+                        .map_err(|e| e.to_string())?
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default();
+                    if let Some(needs) = definition.get("needs_approval") {
+                        full.insert("needs_approval".into(), needs.clone());
+                    }
+                    definition = full;
+                }
+                backend.route(id.clone(), Arc::clone(&builtin));
+            }
+            "webhook" => {
+                let url = webhook.and_then(|u| u.as_str().map(str::to_string)).unwrap_or_default();
+                let webhook = WebhookBackend::new(&url).map_err(|e| format!("{id}: {e}"))?;
+                backend.route(id.clone(), Arc::new(webhook));
+            }
+            "action" => actions.push(id.clone()),
+            other => return Err(format!("{id}: unknown capability kind {other:?}")),
+        }
+        definitions.push(Value::Object(definition));
+    }
+    let catalog = Catalog::from_json_str(&json!({ "capabilities": definitions }).to_string())
+        .map_err(|e| e.to_string())?;
+    Ok((catalog, backend, actions))
+}
+
+fn model_for(spec: &ModelSpec) -> Result<Arc<dyn Model>, String> {
+    match spec {
+        ModelSpec::Scripted { replies } => {
+            let text = serde_json::to_string(replies).map_err(|e| e.to_string())?;
+            ScriptedModel::from_json_str(&text)
+                .map(|m| Arc::new(m) as Arc<dyn Model>)
+                .map_err(|e| e.to_string())
+        }
+        ModelSpec::Openai { model, base_url } | ModelSpec::Anthropic { model, base_url } => {
+            let provider = if matches!(spec, ModelSpec::Openai { .. }) {
+                Provider::OpenAi
+            } else {
+                Provider::Anthropic
+            };
+            let mut config =
+                ProviderConfig::from_env(provider, model.clone()).map_err(|e| e.to_string())?;
+            if let Some(url) = base_url {
+                config.base_url = Some(url.clone());
+            }
+            config.build().map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn limits_for(manifest: &Manifest) -> SessionLimits {
+    let mut limits = SessionLimits::default();
+    if let Some(given) = &manifest.limits {
+        if let Some(fuel) = given.fuel {
+            limits.fuel = fuel;
+        }
+        if let Some(timeout) = given.timeout_ms {
+            limits.timeout_ms = timeout;
+        }
+        if let Some(mb) = given.memory_mb {
+            limits.memory_bytes = mb.saturating_mul(1 << 20);
+        }
+        if let Some(n) = given.max_concurrent_calls {
+            limits.max_concurrent_calls = n;
+        }
+        if let Some(n) = given.max_total_calls {
+            limits.max_total_calls = n;
+        }
+    }
+    limits
+}
+
+/// The script's `user`: the session's owner with the display fields of its creation `info`.
+fn script_user(session: &corral_store::Session) -> ScriptUser {
+    let info = &session.creation["info"];
+    ScriptUser {
+        id: session.owner_user_id.clone(),
+        email: info["email"].as_str().map(str::to_string),
+        display_name: info["displayName"].as_str().map(str::to_string),
+    }
+}
+
+#[async_trait]
+impl TurnRunner for ChatTurnRunner {
+    async fn run(&self, job: TurnJob) -> TurnOutcome {
+        let manifest = match Manifest::from_value(&job.session.manifest) {
+            Ok(manifest) => manifest,
+            Err(error) => return failed("invalid_manifest", error.to_string()),
+        };
+        let (catalog, backend, actions) = match manifest_capabilities(&manifest) {
+            Ok(parts) => parts,
+            Err(error) => return failed("invalid_manifest", error),
+        };
+        let model = match model_for(&manifest.model) {
+            Ok(model) => model,
+            Err(error) => return failed("model_error", error),
+        };
+        let fingerprint = format!(
+            "{}@{}",
+            job.session.manifest_hash, job.session.implementation_version
+        );
+        let checkpoint = &job.checkpoint;
+        // A checkpoint taken at a suspension carries the fingerprint it was taken under; an
+        // approval keeps it. Resuming under another agent definition is refused.
+        let suspended_elsewhere = checkpoint
+            .fingerprint
+            .as_deref()
+            .is_some_and(|taken| taken != fingerprint);
+        if suspended_elsewhere || (!checkpoint.pending.is_empty() && checkpoint.fingerprint.is_none())
+        {
+            return failed(
+                "incompatible_checkpoint",
+                "the agent's catalog, manifest or version changed since the turn paused",
+            );
+        }
+        let decisions = checkpoint
+            .decisions
+            .iter()
+            .map(|(id, d)| {
+                (
+                    id.clone(),
+                    Decision {
+                        approved: d.approved,
+                        reason: d.reason.clone(),
+                        value: d.value.clone(),
+                    },
+                )
+            })
+            .collect();
+        let factory =
+            SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest));
+        let input = Input {
+            model,
+            limits: ModelLimits::default(),
+            store: Arc::new(StoreJournal::new(
+                Arc::clone(&job.store),
+                job.session.id.clone(),
+                Some(job.fence.clone()),
+                job.segment,
+            )),
+            turn_id: job.turn_id.clone(),
+            message: checkpoint.message.clone(),
+            max_steps: manifest.max_steps.unwrap_or(16),
+            sink: Arc::new(StoreSink {
+                store: Arc::clone(&job.store),
+                session_id: job.session.id.clone(),
+                fence: job.fence.clone(),
+            }),
+            backend: Arc::new(backend),
+            redactor: Arc::new(Redactor::default()),
+            capabilities: Arc::new(catalog),
+            action_capabilities: actions,
+            executor_factory: Some(Arc::new(factory)),
+            instructions: manifest.instructions.clone(),
+            direct_tools: manifest.mode == Mode::Direct,
+            auto_confirm: manifest.auto_confirm,
+            approval: match manifest.approval {
+                Approval::Script => ApprovalPolicy::Script,
+                Approval::Calls => ApprovalPolicy::Calls,
+            },
+            user: Some(script_user(&job.session)),
+            fingerprint,
+            decisions,
+            resume: None,
+        };
+        match corral_chat::run(&job.cancel, input).await {
+            Ok(RunResult::Completed {
+                text,
+                usage,
+                steps,
+                items,
+            }) => TurnOutcome::Completed {
+                output: json!({"text": text, "steps": steps, "usage": usage}),
+                items,
+            },
+            Ok(RunResult::Suspended { suspension }) => {
+                match serde_json::to_value(&suspension)
+                    .and_then(serde_json::from_value::<TurnCheckpoint>)
+                {
+                    Ok(checkpoint) => TurnOutcome::Paused { checkpoint },
+                    Err(error) => failed("internal_error", error.to_string()),
+                }
+            }
+            Ok(RunResult::Waiting { effect_ids }) => TurnOutcome::Waiting { effect_ids },
+            Ok(RunResult::Uncertain { effect_ids }) => TurnOutcome::Uncertain { effect_ids },
+            Ok(RunResult::StepBudgetExhausted { steps }) => failed(
+                "step_budget_exhausted",
+                format!("the model was still calling tools after {steps} steps"),
+            ),
+            Ok(RunResult::Cancelled) => TurnOutcome::Cancelled,
+            Ok(RunResult::Failed { code, message }) => failed(&code, message),
+            Ok(other) => failed("internal_error", format!("{other:?}")),
+            Err(RunError::Render(error)) => failed("render_error", error.to_string()),
+            Err(RunError::IncompatibleCheckpoint(message)) => {
+                failed("incompatible_checkpoint", message)
+            }
+            Err(RunError::Usage(message)) => failed("invalid_manifest", message),
+            Err(error) => failed("store_error", error.to_string()),
+        }
+    }
+}

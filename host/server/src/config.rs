@@ -1,0 +1,396 @@
+//! `corral serve --config FILE`: the server's TOML configuration, validated before start.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corral_store::ExecutorScope;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+/// The shortest token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// The server's configuration.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The store.
+    pub store: StoreLocation,
+    /// Lease of session ownership and of executor claims.
+    pub lease: Duration,
+    /// Credentials.
+    pub tokens: Vec<TokenConfig>,
+    /// Settings for model providers, passed to the turn engine as they are.
+    pub models: toml::Table,
+    /// How often an idle SSE stream gets a keep-alive comment (`sseKeepAliveMs`, 15 s).
+    pub sse_keep_alive: Duration,
+    /// How long an SSE client may leave its buffer full before it is dropped
+    /// (`sseSendTimeoutMs`, 5 s).
+    pub sse_send_timeout: Duration,
+}
+
+/// Where the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreLocation {
+    /// `sqlite:PATH`: the embedded store.
+    Sqlite(PathBuf),
+    /// A `postgres://` URL.
+    Postgres(String),
+}
+
+/// One credential.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TokenConfig {
+    /// The secret.
+    pub token: String,
+    /// What it may do.
+    pub role: Role,
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Role {
+    /// An application token; with a tenant it sees only that tenant's sessions, without one it
+    /// is an operator token.
+    Application {
+        /// The tenant, if scoped.
+        tenant: Option<String>,
+    },
+    /// An executor token, scoped to one agent definition.
+    Executor(ExecutorScope),
+}
+
+/// A configuration that cannot be used, naming the field.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown or mistyped fields.
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    /// A field has a value the server refuses.
+    #[error("invalid configuration: `{field}` {problem}")]
+    Field {
+        /// The field, such as `tokens[1].token`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    store: Option<String>,
+    lease_ms: Option<u64>,
+    #[serde(default)]
+    tokens: Vec<RawToken>,
+    #[serde(default)]
+    models: toml::Table,
+    sse_keep_alive_ms: Option<u64>,
+    sse_send_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawToken {
+    token: String,
+    role: String,
+    tenant: Option<String>,
+    agent: Option<String>,
+    manifest_hash: Option<String>,
+    implementation_version: Option<String>,
+}
+
+fn field(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+impl Config {
+    /// The default lease (30 s).
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+    /// The default SSE keep-alive period (15 s).
+    pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(15);
+    /// The default SSE send timeout (5 s).
+    pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Reads and validates a TOML file.
+    pub fn from_file(path: impl Into<PathBuf>) -> Result<Config, ConfigError> {
+        let path = path.into();
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|error| ConfigError::Parse(error.to_string()))?;
+        let listen = raw
+            .listen
+            .as_deref()
+            .unwrap_or("127.0.0.1:8787")
+            .parse::<SocketAddr>()
+            .map_err(|error| field("listen", format!("is not an address (host:port): {error}")))?;
+        let store = match raw.store.as_deref() {
+            None => {
+                return Err(field(
+                    "store",
+                    "is required (sqlite:PATH or postgres://...)",
+                ));
+            }
+            Some(text) => StoreLocation::parse(text)?,
+        };
+        let lease = match raw.lease_ms {
+            None => Config::DEFAULT_LEASE,
+            Some(0) => return Err(field("leaseMs", "must be positive")),
+            Some(ms) => Duration::from_millis(ms),
+        };
+        let mut tokens = Vec::with_capacity(raw.tokens.len());
+        for (index, token) in raw.tokens.into_iter().enumerate() {
+            tokens.push(token.validate(index)?);
+        }
+        let positive = |name: &str, value: Option<u64>, default: Duration| match value {
+            None => Ok(default),
+            Some(0) => Err(field(name, "must be positive")),
+            Some(ms) => Ok(Duration::from_millis(ms)),
+        };
+        let config = Config {
+            listen,
+            store,
+            lease,
+            tokens,
+            models: raw.models,
+            sse_keep_alive: positive(
+                "sseKeepAliveMs",
+                raw.sse_keep_alive_ms,
+                Config::DEFAULT_KEEP_ALIVE,
+            )?,
+            sse_send_timeout: positive(
+                "sseSendTimeoutMs",
+                raw.sse_send_timeout_ms,
+                Config::DEFAULT_SEND_TIMEOUT,
+            )?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// A configuration built in code (tests, `--demo`), validated like a file.
+    pub fn new(
+        listen: SocketAddr,
+        store: StoreLocation,
+        lease: Duration,
+        tokens: Vec<TokenConfig>,
+    ) -> Result<Config, ConfigError> {
+        let config = Config {
+            listen,
+            store,
+            lease,
+            tokens,
+            models: toml::Table::new(),
+            sse_keep_alive: Config::DEFAULT_KEEP_ALIVE,
+            sse_send_timeout: Config::DEFAULT_SEND_TIMEOUT,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.lease.is_zero() {
+            return Err(field("leaseMs", "must be positive"));
+        }
+        if self.tokens.is_empty() {
+            return Err(field("tokens", "must list at least one token"));
+        }
+        let mut seen = HashSet::new();
+        for (index, token) in self.tokens.iter().enumerate() {
+            if token.token.chars().count() < MIN_TOKEN_CHARS {
+                return Err(field(
+                    format!("tokens[{index}].token"),
+                    format!("must be at least {MIN_TOKEN_CHARS} characters"),
+                ));
+            }
+            if !seen.insert(token.token.as_str()) {
+                return Err(field(
+                    format!("tokens[{index}].token"),
+                    "repeats another token; every token must be unique",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The role of `presented`, comparing it with every token in constant time.
+    pub fn authenticate(&self, presented: &str) -> Option<&Role> {
+        let mut found = None;
+        for token in &self.tokens {
+            if bool::from(token.token.as_bytes().ct_eq(presented.as_bytes())) {
+                found = Some(&token.role);
+            }
+        }
+        found
+    }
+}
+
+impl StoreLocation {
+    /// Parses `sqlite:PATH` or a `postgres://` / `postgresql://` URL.
+    pub fn parse(text: &str) -> Result<StoreLocation, ConfigError> {
+        if let Some(path) = text.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err(field("store", "sqlite: needs a file path"));
+            }
+            Ok(StoreLocation::Sqlite(PathBuf::from(path)))
+        } else if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Ok(StoreLocation::Postgres(text.to_owned()))
+        } else {
+            Err(field("store", "must be sqlite:PATH or a postgres:// URL"))
+        }
+    }
+}
+
+impl TokenConfig {
+    /// An application token (operator token when `tenant` is `None`).
+    pub fn application(token: impl Into<String>, tenant: Option<String>) -> Self {
+        TokenConfig {
+            token: token.into(),
+            role: Role::Application { tenant },
+        }
+    }
+
+    /// An executor token scoped to one agent definition.
+    pub fn executor(token: impl Into<String>, scope: ExecutorScope) -> Self {
+        TokenConfig {
+            token: token.into(),
+            role: Role::Executor(scope),
+        }
+    }
+}
+
+impl RawToken {
+    fn validate(self, index: usize) -> Result<TokenConfig, ConfigError> {
+        let name = |key: &str| format!("tokens[{index}].{key}");
+        let non_empty = |key: &str, value: Option<String>| match value {
+            Some(value) if !value.trim().is_empty() => Ok(value),
+            Some(_) => Err(field(name(key), "must not be empty")),
+            None => Err(field(name(key), "is required for an executor token")),
+        };
+        let role = match self.role.as_str() {
+            "application" => {
+                for (key, value) in [
+                    ("agent", &self.agent),
+                    ("manifestHash", &self.manifest_hash),
+                    ("implementationVersion", &self.implementation_version),
+                ] {
+                    if value.is_some() {
+                        return Err(field(name(key), "is only for executor tokens"));
+                    }
+                }
+                if self.tenant.as_deref().is_some_and(|t| t.trim().is_empty()) {
+                    return Err(field(name("tenant"), "must not be empty"));
+                }
+                Role::Application {
+                    tenant: self.tenant,
+                }
+            }
+            "executor" => {
+                if self.tenant.is_some() {
+                    return Err(field(name("tenant"), "is only for application tokens"));
+                }
+                Role::Executor(ExecutorScope::new(
+                    non_empty("agent", self.agent)?,
+                    non_empty("manifestHash", self.manifest_hash)?,
+                    non_empty("implementationVersion", self.implementation_version)?,
+                ))
+            }
+            other => {
+                return Err(field(
+                    name("role"),
+                    format!("must be application or executor, not {other:?}"),
+                ));
+            }
+        };
+        Ok(TokenConfig {
+            token: self.token,
+            role,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:0"
+store = "sqlite:/tmp/x.db"
+leaseMs = 1000
+[[tokens]]
+token = "application-token-0001"
+role = "application"
+[[tokens]]
+token = "executor-token-000001"
+role = "executor"
+agent = "helper"
+manifestHash = "sha256:00"
+implementationVersion = "1"
+"#;
+
+    #[test]
+    fn a_good_file_parses() {
+        let config = Config::from_toml(GOOD).expect("valid");
+        assert_eq!(config.lease, Duration::from_millis(1000));
+        assert_eq!(config.tokens.len(), 2);
+        assert!(config.authenticate("application-token-0001").is_some());
+        assert!(config.authenticate("application-token-0002").is_none());
+        assert!(config.authenticate("").is_none());
+    }
+
+    fn error_of(text: &str) -> String {
+        Config::from_toml(text)
+            .expect_err("must be refused")
+            .to_string()
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        assert!(
+            error_of(&GOOD.replace("application-token-0001", "short")).contains("tokens[0].token")
+        );
+        assert!(
+            error_of(&GOOD.replace("executor-token-000001", "application-token-0001"))
+                .contains("tokens[1].token")
+        );
+        assert!(
+            error_of(&GOOD.replace("role = \"application\"", "role = \"admin\""))
+                .contains("tokens[0].role")
+        );
+        assert!(error_of(&GOOD.replace("agent = \"helper\"\n", "")).contains("tokens[1].agent"));
+        assert!(error_of(&GOOD.replace("leaseMs = 1000", "leaseMs = 0")).contains("leaseMs"));
+        assert!(error_of(&GOOD.replace("sqlite:/tmp/x.db", "mysql://x")).contains("store"));
+        assert!(error_of(&GOOD.replace("127.0.0.1:0", "nowhere")).contains("listen"));
+        assert!(error_of(&format!("{GOOD}\nbogus = 1\n")).contains("bogus"));
+        assert!(error_of("store = \"sqlite:x\"").contains("tokens"));
+    }
+}

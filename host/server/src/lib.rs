@@ -1,0 +1,145 @@
+//! `corral serve`: the durable runtime server over HTTP (SPEC S4; the wire contract is pinned in
+//! the server issue). Agents, sessions, idempotent commands, an effects journal with external
+//! executors, per-session event streams (SSE) and the turn scheduler, over [`corral_store`].
+//!
+//! ```no_run
+//! # async fn demo(config: corral_server::Config, store: std::sync::Arc<dyn corral_store::Store>)
+//! # -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use corral_server::{Server, script::ScriptRunner};
+//!
+//! let listener = tokio::net::TcpListener::bind(config.listen).await?;
+//! let server = Server::new(config, store, Arc::new(ScriptRunner::default()));
+//! server.run(listener, async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+//!
+//! # Shape
+//!
+//! - [`routes`]: the route table and thin handlers; [`error`]: the one error type and the one
+//!   function that turns it into the JSON envelope; [`auth`]: bearer tokens.
+//! - [`runtime`]: commands and their status rules, each one store commit guarded by the
+//!   session's version and carrying its idempotency record.
+//! - [`scheduler`]-side tasks (turn scheduler, lease sweeper) and [`sse`] (fan-out and streams)
+//!   are named tasks stopped by one shutdown signal; [`Server::run`] is the one place that
+//!   starts and stops them.
+//! - [`runner`]: the seam to the turn engine (the chat runtime); [`script::ScriptRunner`] is a
+//!   small scripted engine for tests and for `corral serve` until the chat runtime lands.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod chat_runner;
+pub mod config;
+pub mod error;
+pub mod manifest;
+pub mod metrics;
+pub mod openapi;
+pub mod routes;
+pub mod runner;
+pub mod runtime;
+mod scheduler;
+pub mod script;
+pub mod sse;
+pub mod wire;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use corral_store::Store;
+use tracing::Instrument as _;
+
+pub use chat_runner::ChatTurnRunner;
+pub use config::{Config, ConfigError, Role, StoreLocation, TokenConfig};
+pub use error::ApiError;
+pub use runner::{Decision, Interaction, TurnCheckpoint, TurnJob, TurnOutcome, TurnRunner};
+
+use crate::metrics::Metrics;
+use crate::runtime::Runtime;
+use crate::sse::Hub;
+
+/// How long shutdown waits for running turn segments to finish their last writes.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// A configured server, not yet listening.
+#[derive(Debug)]
+pub struct Server {
+    runtime: Arc<Runtime>,
+    hub: Arc<Hub>,
+}
+
+impl Server {
+    /// A server over `store`, running turns with `runner`.
+    pub fn new(config: Config, store: Arc<dyn Store>, runner: Arc<dyn TurnRunner>) -> Server {
+        let metrics = Arc::new(Metrics::default());
+        let runtime = Arc::new(Runtime::new(config, store, runner, metrics));
+        Server {
+            runtime,
+            hub: Arc::new(Hub::default()),
+        }
+    }
+
+    /// The store the server uses.
+    pub fn store(&self) -> Arc<dyn Store> {
+        Arc::clone(&self.runtime.store)
+    }
+
+    /// This process's replica id.
+    pub fn replica_id(&self) -> &str {
+        self.runtime.replica_id()
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then shuts down gracefully: `/ready`
+    /// answers 503, no new connection is accepted, running turns are aborted, the streams end,
+    /// in-flight requests and the turns' last journal writes drain, and the store is released.
+    pub async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let Server { runtime, hub } = self;
+        let tasks = tokio_util::task::TaskTracker::new();
+        tasks.spawn(
+            scheduler::scheduler(Arc::clone(&runtime)).instrument(tracing::info_span!("scheduler")),
+        );
+        tasks.spawn(
+            scheduler::sweeper(Arc::clone(&runtime))
+                .instrument(tracing::info_span!("lease-sweeper")),
+        );
+        tasks.spawn(
+            sse::fan_out(Arc::clone(&runtime), Arc::clone(&hub))
+                .instrument(tracing::info_span!("sse-fan-out")),
+        );
+        let signal = {
+            let runtime = Arc::clone(&runtime);
+            async move {
+                tokio::select! {
+                    () = shutdown => {}
+                    () = runtime.shutdown.cancelled() => {}
+                }
+                runtime.closing.store(true, Ordering::SeqCst);
+                runtime.shutdown.cancel();
+            }
+        };
+        let app = routes::router(Arc::clone(&runtime), hub);
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .await;
+        runtime.closing.store(true, Ordering::SeqCst);
+        runtime.shutdown.cancel();
+        tasks.close();
+        runtime.tasks.close();
+        let drained = tokio::time::timeout(DRAIN, async {
+            tasks.wait().await;
+            runtime.tasks.wait().await;
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("turn segments did not finish within {DRAIN:?}; stopping anyway");
+        }
+        served
+    }
+}

@@ -1,0 +1,352 @@
+//! The agent manifest (unknown fields rejected), its validation and its content hash.
+//!
+//! The hash is `sha256:` + the hex SHA-256 of the manifest's canonical JSON: object keys sorted
+//! by code point, no whitespace, strings as UTF-8 without ASCII escaping (only `"`, `\` and
+//! control characters are escaped, as JSON requires), numbers as `serde_json` writes them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
+
+/// The built-in capabilities (corral's example tools) a `"kind": "builtin"` capability may name.
+pub const BUILTIN_CAPABILITIES: &[&str] = &[
+    "examples.echo",
+    "examples.sleep",
+    "examples.text",
+    "examples.fail",
+];
+
+/// An agent manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    /// The agent id; equal to the path of `PUT /v1/agents/{agentId}`.
+    pub id: String,
+    /// The system instructions.
+    #[serde(default)]
+    pub instructions: String,
+    /// The model.
+    pub model: ModelSpec,
+    /// `js` (the model writes scripts) or `direct` (capabilities are model tools).
+    #[serde(default)]
+    pub mode: Mode,
+    /// What a person approves: each `script`, or each gated capability call (`calls`).
+    #[serde(default)]
+    pub approval: Approval,
+    /// Approve without asking.
+    #[serde(default)]
+    pub auto_confirm: bool,
+    /// Capabilities: the catalog format of `corral exec --catalog` plus `kind`.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub capabilities: Vec<Value>,
+    /// Model calls allowed per turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    /// Script limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// MCP servers whose tools become capabilities (their shape belongs to `corral-mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub mcp_servers: Option<Vec<Value>>,
+}
+
+/// The model an agent talks to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "provider", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelSpec {
+    /// Replies fixed in advance: reply i answers the session's i-th model call.
+    Scripted {
+        /// The replies.
+        #[serde(default)]
+        replies: Vec<ScriptedReply>,
+    },
+    /// OpenAI's chat API (the key comes from the server's configuration).
+    Openai {
+        /// The model name.
+        model: String,
+        /// Another endpoint.
+        #[serde(default, rename = "baseUrl", skip_serializing_if = "Option::is_none")]
+        base_url: Option<String>,
+    },
+    /// Anthropic's messages API (the key comes from the server's configuration).
+    Anthropic {
+        /// The model name.
+        model: String,
+        /// Another endpoint.
+        #[serde(default, rename = "baseUrl", skip_serializing_if = "Option::is_none")]
+        base_url: Option<String>,
+    },
+}
+
+/// One scripted model reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptedReply {
+    /// Text of the reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Tool calls of the reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A scripted tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolCall {
+    /// The tool.
+    pub name: String,
+    /// Its arguments.
+    #[schema(value_type = Object)]
+    pub arguments: Value,
+}
+
+/// How the model acts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The model writes JavaScript run in the sandbox.
+    #[default]
+    Js,
+    /// Capabilities are the model's tools.
+    Direct,
+}
+
+/// What needs a person's approval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Approval {
+    /// Each script.
+    #[default]
+    Script,
+    /// Each call of a capability that needs approval.
+    Calls,
+}
+
+/// Script limits (those of `corral exec`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// Fuel budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuel: Option<u64>,
+    /// Wall-clock budget, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Linear-memory cap, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Calls in flight at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_calls: Option<u32>,
+    /// Calls in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_calls: Option<u32>,
+}
+
+/// Where a capability runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CapabilityKind {
+    /// One of corral's example tools, by id.
+    Builtin,
+    /// POSTed to `webhookUrl` in the webhook format of `corral exec`.
+    Webhook,
+    /// Run by external executors.
+    Action,
+}
+
+/// A manifest that parsed but is not usable.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ManifestError(pub String);
+
+impl Manifest {
+    /// Parses a manifest from JSON (unknown fields rejected, errors naming the field) and checks
+    /// its capabilities.
+    pub fn from_value(value: &Value) -> Result<Manifest, ManifestError> {
+        let manifest: Manifest = serde_path_to_error::deserialize(value).map_err(|error| {
+            ManifestError(format!("manifest.{}: {}", error.path(), error.inner()))
+        })?;
+        manifest.check()?;
+        Ok(manifest)
+    }
+
+    /// Checks what serde cannot: ids, capability kinds and definitions.
+    pub fn check(&self) -> Result<(), ManifestError> {
+        if self.id.trim().is_empty() {
+            return Err(ManifestError("manifest.id must not be empty".to_owned()));
+        }
+        if self.max_steps == Some(0) {
+            return Err(ManifestError(
+                "manifest.maxSteps must be positive".to_owned(),
+            ));
+        }
+        let mut catalog = Vec::new();
+        for (index, capability) in self.capabilities.iter().enumerate() {
+            let at = format!("manifest.capabilities[{index}]");
+            let Some(object) = capability.as_object() else {
+                return Err(ManifestError(format!("{at} must be an object")));
+            };
+            let mut definition = object.clone();
+            let kind: CapabilityKind = match definition.remove("kind") {
+                None => return Err(ManifestError(format!("{at}.kind is required"))),
+                Some(kind) => serde_json::from_value(kind).map_err(|_| {
+                    ManifestError(format!("{at}.kind must be builtin, webhook or action"))
+                })?,
+            };
+            let webhook = definition.remove("webhookUrl");
+            match (kind, &webhook) {
+                (CapabilityKind::Webhook, Some(Value::String(url)))
+                    if url.starts_with("http://") || url.starts_with("https://") => {}
+                (CapabilityKind::Webhook, _) => {
+                    return Err(ManifestError(format!(
+                        "{at}.webhookUrl must be an http(s) URL for a webhook capability"
+                    )));
+                }
+                (_, Some(_)) => {
+                    return Err(ManifestError(format!(
+                        "{at}.webhookUrl is only for webhook capabilities"
+                    )));
+                }
+                (_, None) => {}
+            }
+            let id = definition.get("id").and_then(Value::as_str).unwrap_or("");
+            if kind == CapabilityKind::Builtin {
+                if !BUILTIN_CAPABILITIES.contains(&id) {
+                    return Err(ManifestError(format!(
+                        "{at}.id {id:?} is not a builtin capability (one of {})",
+                        BUILTIN_CAPABILITIES.join(", ")
+                    )));
+                }
+                // A builtin brings its own definition; the manifest may name it alone.
+                if !definition.contains_key("input_schema") {
+                    continue;
+                }
+            }
+            catalog.push(Value::Object(definition));
+        }
+        let catalog = serde_json::json!({ "capabilities": catalog }).to_string();
+        corral_catalog::Catalog::from_json_str(&catalog)
+            .map_err(|error| ManifestError(format!("manifest.capabilities: {error}")))?;
+        Ok(())
+    }
+}
+
+/// `sha256:` + hex SHA-256 of the canonical JSON of `manifest`.
+pub fn manifest_hash(manifest: &Value) -> String {
+    let digest = Sha256::digest(canonical_json(manifest).as_bytes());
+    let mut text = String::with_capacity(7 + 64);
+    text.push_str("sha256:");
+    for byte in digest {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
+}
+
+/// Canonical JSON: object keys sorted, no whitespace, strings unescaped UTF-8.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (index, key) in keys.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                if let Some(inner) = map.get(key) {
+                    write_canonical(inner, out);
+                }
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn canonical_json_sorts_keys_and_keeps_utf8() {
+        let value = json!({"b": [1, {"z": "é", "a": null}], "a": "x\"y"});
+        assert_eq!(
+            canonical_json(&value),
+            r#"{"a":"x\"y","b":[1,{"a":null,"z":"é"}]}"#
+        );
+        assert_eq!(
+            manifest_hash(&json!({"b": 1, "a": 2})),
+            manifest_hash(&json!({"a": 2, "b": 1}))
+        );
+        assert!(manifest_hash(&json!({})).starts_with("sha256:"));
+        assert_eq!(manifest_hash(&json!({})).len(), 7 + 64);
+    }
+
+    #[test]
+    fn manifests_reject_unknown_fields_naming_them() {
+        let good =
+            json!({"id": "a", "model": {"provider": "scripted", "replies": [{"text": "hi"}]}});
+        Manifest::from_value(&good).expect("valid");
+        let mut bad = good.clone();
+        bad["colour"] = json!("red");
+        let error = Manifest::from_value(&bad)
+            .expect_err("unknown field")
+            .to_string();
+        assert!(error.contains("colour"), "{error}");
+        let bad = json!({"id": "a", "model": {"provider": "scripted", "replies": [{"txt": "hi"}]}});
+        let error = Manifest::from_value(&bad)
+            .expect_err("unknown field")
+            .to_string();
+        assert!(error.contains("txt"), "{error}");
+        let bad = json!({"id": "a", "model": {"provider": "scripted", "temperature": 1}});
+        assert!(Manifest::from_value(&bad).is_err());
+        let bad = json!({"id": "a", "model": {"provider": "openai"}});
+        assert!(Manifest::from_value(&bad).is_err());
+    }
+
+    #[test]
+    fn capabilities_are_checked() {
+        let with = |capability: Value| {
+            Manifest::from_value(&json!({
+                "id": "a", "model": {"provider": "scripted"}, "capabilities": [capability]
+            }))
+        };
+        with(json!({"kind": "builtin", "id": "examples.echo"})).expect("builtin");
+        with(json!({"kind": "action", "id": "crm.update",
+            "input_schema": {"type": "object"}}))
+        .expect("action");
+        with(
+            json!({"kind": "webhook", "id": "w.x", "webhookUrl": "http://127.0.0.1:1/x",
+            "input_schema": {"type": "object"}}),
+        )
+        .expect("webhook");
+        assert!(with(json!({"kind": "webhook", "id": "w.x", "input_schema": {}})).is_err());
+        assert!(with(json!({"kind": "builtin", "id": "rm.rf"})).is_err());
+        assert!(with(json!({"id": "x", "input_schema": {}})).is_err());
+        assert!(with(json!({"kind": "action", "id": "x"})).is_err());
+    }
+}

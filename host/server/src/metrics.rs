@@ -1,0 +1,218 @@
+//! Prometheus text metrics from atomic counters (no registry needed for this fixed set).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+const COMMANDS: &[&str] = &[
+    "message",
+    "approve",
+    "respond",
+    "cancel",
+    "action_result",
+    "resolve",
+];
+const OUTCOMES: &[&str] = &[
+    "completed",
+    "paused",
+    "waiting",
+    "uncertain",
+    "failed",
+    "cancelled",
+    "aborted",
+];
+const EFFECTS: &[&str] = &["completed", "uncertain", "cancelled", "pending"];
+/// Upper bounds of the store latency histogram, in seconds.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// The server's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    commands: [AtomicU64; 6],
+    command_rejections: AtomicU64,
+    turns: [AtomicU64; 7],
+    effects: [AtomicU64; 4],
+    lease_expiries: AtomicU64,
+    sse_streams: AtomicI64,
+    sse_dropped: AtomicU64,
+    store_buckets: [AtomicU64; 10],
+    store_count: AtomicU64,
+    store_micros: AtomicU64,
+}
+
+fn bump(names: &[&str], counters: &[AtomicU64], name: &str, by: u64) {
+    if let Some(index) = names.iter().position(|n| *n == name) {
+        counters[index].fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// An accepted command of `kind`.
+    pub fn command(&self, kind: &str) {
+        bump(COMMANDS, &self.commands, kind, 1);
+    }
+    /// A refused command.
+    pub fn command_rejected(&self) {
+        self.command_rejections.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A turn segment ended with `outcome`.
+    pub fn turn(&self, outcome: &str) {
+        bump(OUTCOMES, &self.turns, outcome, 1);
+    }
+    /// `count` effects moved to `status`.
+    pub fn effects(&self, status: &str, count: usize) {
+        bump(EFFECTS, &self.effects, status, count as u64);
+    }
+    /// Executor claims that expired.
+    pub fn lease_expiries(&self, count: usize) {
+        self.lease_expiries
+            .fetch_add(count as u64, Ordering::Relaxed);
+    }
+    /// An SSE stream opened (`+1`) or closed (`-1`).
+    pub fn sse_stream(&self, delta: i64) {
+        self.sse_streams.fetch_add(delta, Ordering::Relaxed);
+    }
+    /// A slow SSE client was dropped.
+    pub fn sse_dropped(&self) {
+        self.sse_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Open SSE streams.
+    pub fn open_streams(&self) -> i64 {
+        self.sse_streams.load(Ordering::Relaxed)
+    }
+    /// Slow clients dropped so far.
+    pub fn dropped_streams(&self) -> u64 {
+        self.sse_dropped.load(Ordering::Relaxed)
+    }
+    /// One store call took `elapsed`.
+    pub fn store_call(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        for (index, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                self.store_buckets[index].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.store_count.fetch_add(1, Ordering::Relaxed);
+        self.store_micros.fetch_add(
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        family(
+            &mut out,
+            "corral_commands_total",
+            "counter",
+            "Commands accepted, by type.",
+        );
+        for (name, counter) in COMMANDS.iter().zip(&self.commands) {
+            let _ = writeln!(
+                out,
+                "corral_commands_total{{type=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
+        family(
+            &mut out,
+            "corral_command_rejections_total",
+            "counter",
+            "Commands refused.",
+        );
+        let _ = writeln!(
+            out,
+            "corral_command_rejections_total {}",
+            load(&self.command_rejections)
+        );
+        family(
+            &mut out,
+            "corral_turns_total",
+            "counter",
+            "Turn segments ended, by outcome.",
+        );
+        for (name, counter) in OUTCOMES.iter().zip(&self.turns) {
+            let _ = writeln!(
+                out,
+                "corral_turns_total{{outcome=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
+        family(
+            &mut out,
+            "corral_effects_total",
+            "counter",
+            "Effect transitions made by the server, by new status.",
+        );
+        for (name, counter) in EFFECTS.iter().zip(&self.effects) {
+            let _ = writeln!(
+                out,
+                "corral_effects_total{{status=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
+        family(
+            &mut out,
+            "corral_uncertain_total",
+            "counter",
+            "Effects that became uncertain.",
+        );
+        let _ = writeln!(out, "corral_uncertain_total {}", load(&self.effects[1]));
+        family(
+            &mut out,
+            "corral_lease_expiries_total",
+            "counter",
+            "Executor claims that expired.",
+        );
+        let _ = writeln!(
+            out,
+            "corral_lease_expiries_total {}",
+            load(&self.lease_expiries)
+        );
+        family(&mut out, "corral_sse_streams", "gauge", "Open SSE streams.");
+        let _ = writeln!(
+            out,
+            "corral_sse_streams {}",
+            self.sse_streams.load(Ordering::Relaxed)
+        );
+        family(
+            &mut out,
+            "corral_sse_dropped_total",
+            "counter",
+            "Slow SSE clients dropped.",
+        );
+        let _ = writeln!(out, "corral_sse_dropped_total {}", load(&self.sse_dropped));
+        family(
+            &mut out,
+            "corral_store_latency_seconds",
+            "histogram",
+            "Latency of store calls made by the server.",
+        );
+        for (bound, counter) in BUCKETS.iter().zip(&self.store_buckets) {
+            let _ = writeln!(
+                out,
+                "corral_store_latency_seconds_bucket{{le=\"{bound}\"}} {}",
+                load(counter)
+            );
+        }
+        let count = load(&self.store_count);
+        let _ = writeln!(
+            out,
+            "corral_store_latency_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "corral_store_latency_seconds_sum {}",
+            load(&self.store_micros) as f64 / 1e6
+        );
+        let _ = writeln!(out, "corral_store_latency_seconds_count {count}");
+        out
+    }
+}

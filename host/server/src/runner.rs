@@ -1,0 +1,152 @@
+//! The seam between the server and the turn engine: the server decides *when* a turn segment
+//! runs (commands, scheduling, leases, recovery); a [`TurnRunner`] executes one segment and says
+//! how it ended. The production runner is the chat runtime (`corral-chat`); tests may plug in
+//! their own.
+//!
+//! A segment re-executes its turn from the turn's start against the effects journal: completed
+//! effects (model calls, capability calls, approvals) are taken from the journal, never run
+//! twice. So the same job may be run again after a crash, an approval or an action result.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use corral_store::{Fence, Session, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// One segment of a turn to execute.
+#[derive(Debug, Clone)]
+pub struct TurnJob {
+    /// The store; every write the runner makes carries [`TurnJob::fence`].
+    pub store: Arc<dyn Store>,
+    /// The session row as claimed (manifest, owner, state).
+    pub session: Session,
+    /// The lease the segment runs under.
+    pub fence: Fence,
+    /// The turn (the session's active turn).
+    pub turn_id: String,
+    /// The live checkpoint's segment number.
+    pub segment: u64,
+    /// The live checkpoint's data.
+    pub checkpoint: TurnCheckpoint,
+    /// Cancelled when the turn is cancelled or the server shuts down.
+    pub cancel: CancellationToken,
+}
+
+/// The data of a turn's live checkpoint (the store's checkpoint `data`). The server writes it on
+/// `message` (segment 0: the message, nothing decided) and on `approve` (next segment: one more
+/// decision); the runner writes it when it suspends (the pending interactions).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TurnCheckpoint {
+    /// Format version, 1.
+    pub version: u32,
+    /// The turn.
+    pub turn_id: String,
+    /// The user message that started the turn.
+    pub message: String,
+    /// Interactions the turn is paused on (empty unless paused).
+    #[serde(default)]
+    pub pending: Vec<Interaction>,
+    /// Decisions taken so far in this turn, by interaction id.
+    #[serde(default)]
+    pub decisions: BTreeMap<String, Decision>,
+    /// Fingerprint of the catalog, manifest and implementation version the turn was suspended
+    /// under; a resume under another fingerprint is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+}
+
+impl TurnCheckpoint {
+    /// The checkpoint of a new turn.
+    pub fn new_turn(turn_id: impl Into<String>, message: impl Into<String>) -> Self {
+        TurnCheckpoint {
+            version: 1,
+            turn_id: turn_id.into(),
+            message: message.into(),
+            pending: Vec::new(),
+            decisions: BTreeMap::new(),
+            fingerprint: None,
+        }
+    }
+}
+
+/// Something the turn waits on a person for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Interaction {
+    /// Stable id, derived from the call's position in the turn.
+    pub interaction_id: String,
+    /// `approval` (answered by the `approve` command) or `input` (by `respond`).
+    pub kind: String,
+    /// The model tool (`run_js` or a direct capability tool).
+    pub tool_name: String,
+    /// The capability, for a gated call inside a script or a direct tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_id: Option<String>,
+    /// The arguments to approve (`{"code": ...}` for `run_js`).
+    pub arguments: Value,
+    /// SHA-256 (hex) of the arguments' canonical JSON.
+    pub arguments_sha256: String,
+}
+
+/// A decision on an interaction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Decision {
+    /// Approved or rejected.
+    pub approved: bool,
+    /// Why, shown to the model on a rejection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// For `respond`: the value given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+}
+
+/// How a segment ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnOutcome {
+    /// The turn finished: `output` is `{"text": ...}` plus usage and steps; `items` are the
+    /// conversation items the turn adds (appended by the server with the completion).
+    Completed {
+        /// What `turn.completed` carries.
+        output: Value,
+        /// Conversation items to append.
+        items: Vec<Value>,
+    },
+    /// The turn needs a person: the checkpoint (already written by the runner under the
+    /// fence, before any permission event) lists the pending interactions.
+    Paused {
+        /// The checkpoint, with `pending` set.
+        checkpoint: TurnCheckpoint,
+    },
+    /// The turn waits for external executors to finish these effects (actions).
+    Waiting {
+        /// The effects (action ids) waited on.
+        effect_ids: Vec<String>,
+    },
+    /// An effect's outcome is unknown; an operator must `resolve` it.
+    Uncertain {
+        /// The uncertain effects.
+        effect_ids: Vec<String>,
+    },
+    /// The turn failed; the conversation stays as it was before the turn.
+    Failed {
+        /// A stable code such as `step_budget_exhausted`, `effect_drift`, `model_error`.
+        code: String,
+        /// A message safe to show.
+        message: String,
+    },
+    /// The runner observed [`TurnJob::cancel`].
+    Cancelled,
+}
+
+/// Executes turn segments.
+#[async_trait]
+pub trait TurnRunner: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs one segment to its end. Never panics on bad input; errors are outcomes.
+    async fn run(&self, job: TurnJob) -> TurnOutcome;
+}

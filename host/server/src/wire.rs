@@ -1,0 +1,529 @@
+//! The JSON bodies of the wire contract: the handlers and the OpenAPI description use these
+//! same types. Requests reject unknown fields.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::manifest::Manifest;
+
+/// `PUT /v1/agents/{agentId}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PutAgent {
+    /// The manifest; its `id` must equal the path.
+    pub manifest: Manifest,
+    /// The version of the implementation serving the agent.
+    pub implementation_version: String,
+}
+
+/// The answer to `PUT /v1/agents/{agentId}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentPut {
+    /// The agent.
+    pub agent_id: String,
+    /// `sha256:` + hex of the manifest's canonical JSON.
+    pub manifest_hash: String,
+    /// The implementation version.
+    pub implementation_version: String,
+}
+
+/// One registered agent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentView {
+    /// The agent.
+    pub agent_id: String,
+    /// The manifest as registered.
+    #[schema(value_type = Object)]
+    pub manifest: Value,
+    /// Its hash.
+    pub manifest_hash: String,
+    /// The implementation version.
+    pub implementation_version: String,
+}
+
+/// `GET /v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentList {
+    /// Every agent, by id.
+    pub agents: Vec<AgentView>,
+}
+
+/// Who the session's user is (shown to scripts as `user`; display only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UserInfo {
+    /// The user's email.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    /// The user's display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+}
+
+/// `PUT /v1/sessions/{id}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PutSession {
+    /// The agent.
+    pub agent_id: String,
+    /// The owning user.
+    pub owner_user_id: String,
+    /// The user's details.
+    #[serde(default)]
+    pub info: Option<UserInfo>,
+    /// The tenant (operator tokens only; a tenant token implies its own).
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    /// Ignored when comparing a repeated create.
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// A session's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Created, no turn yet.
+    Idle,
+    /// A turn segment is due.
+    Runnable,
+    /// A turn segment runs.
+    Running,
+    /// Waiting for a person (`approve`, `respond`).
+    Paused,
+    /// Waiting for executors.
+    Waiting,
+    /// An effect's outcome is unknown: `resolve` it.
+    Uncertain,
+    /// The last turn completed.
+    Completed,
+    /// The last turn failed.
+    Failed,
+    /// The last turn was cancelled.
+    Cancelled,
+}
+
+impl Status {
+    /// The wire status of a stored one (a closed session reads as completed).
+    pub fn of(status: corral_store::SessionStatus) -> Status {
+        use corral_store::SessionStatus as S;
+        match status {
+            S::Idle => Status::Idle,
+            S::Runnable => Status::Runnable,
+            S::Running => Status::Running,
+            S::Paused => Status::Paused,
+            S::Waiting => Status::Waiting,
+            S::Uncertain => Status::Uncertain,
+            S::Failed => Status::Failed,
+            S::Cancelled => Status::Cancelled,
+            _ => Status::Completed,
+        }
+    }
+}
+
+/// A session in a list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSummary {
+    /// The session.
+    pub id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its user.
+    pub owner_user_id: String,
+    /// Its status.
+    pub status: Status,
+    /// The turn in progress.
+    pub active_turn_id: Option<String>,
+}
+
+/// `GET /v1/sessions`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    /// The sessions the token may see, by id.
+    pub sessions: Vec<SessionSummary>,
+}
+
+/// A session's full view.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionView {
+    /// The session.
+    pub id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its user.
+    pub owner_user_id: String,
+    /// The manifest hash at creation.
+    pub manifest_hash: String,
+    /// The implementation version at creation.
+    pub implementation_version: String,
+    /// Its status.
+    pub status: Status,
+    /// The turn in progress.
+    pub active_turn_id: Option<String>,
+    /// What the turn waits on: the pending interactions when paused, `{"effectIds"}` when
+    /// waiting or uncertain, `null` otherwise.
+    #[schema(value_type = Object)]
+    pub waits: Value,
+    /// The last failure, `{"code", "message"}`, or `null`.
+    #[schema(value_type = Object)]
+    pub error: Value,
+    /// Actions of the session not completed or cancelled.
+    pub actions: Vec<ActionView>,
+    /// Effects whose outcome is unknown.
+    pub uncertain_effects: Vec<UncertainEffect>,
+}
+
+/// An effect whose outcome is unknown.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UncertainEffect {
+    /// The effect.
+    pub effect_id: String,
+    /// Its turn.
+    pub turn_id: String,
+    /// `model_call`, `capability_call`...
+    pub kind: String,
+    /// Why it is uncertain.
+    pub error: Option<String>,
+}
+
+/// External work for an executor.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionView {
+    /// The action (equal to its effect id).
+    pub action_id: String,
+    /// The session.
+    pub session_id: String,
+    /// The turn.
+    pub turn_id: String,
+    /// The agent.
+    pub agent_id: String,
+    /// The manifest hash an executor must present.
+    pub manifest_hash: String,
+    /// The implementation version an executor must present.
+    pub implementation_version: String,
+    /// The capability to run.
+    pub capability_id: String,
+    /// What the executor needs (input, context).
+    #[schema(value_type = Object)]
+    pub request: Value,
+    /// `pending`, `claimed`, `completed`, `uncertain`, `cancelled`.
+    pub status: String,
+    /// Incremented by each claim (the fencing token).
+    pub generation: u64,
+    /// The current or last claim.
+    pub claim_id: Option<String>,
+    /// When the claim ends unless heartbeated (RFC 3339).
+    pub lease_expires_at: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/commands`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(
+    tag = "type",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
+pub enum Command {
+    /// Starts a turn (the session must be idle, completed, failed or cancelled).
+    Message {
+        /// Same key + same command returns the first response.
+        idempotency_key: String,
+        /// Echoed in the response; ignored when comparing commands.
+        #[serde(default)]
+        request_id: Option<String>,
+        /// The user's message.
+        content: String,
+    },
+    /// Decides an approval the turn is paused on.
+    Approve {
+        /// Same key + same command returns the first response.
+        idempotency_key: String,
+        /// Echoed in the response.
+        #[serde(default)]
+        request_id: Option<String>,
+        /// The interaction.
+        interaction_id: String,
+        /// The decision.
+        approved: bool,
+        /// Why (shown to the model on a rejection).
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// Answers an input request the turn is paused on.
+    Respond {
+        /// Same key + same command returns the first response.
+        idempotency_key: String,
+        /// Echoed in the response.
+        #[serde(default)]
+        request_id: Option<String>,
+        /// The interaction.
+        interaction_id: String,
+        /// The answer.
+        #[schema(value_type = Object)]
+        value: Value,
+    },
+    /// Cancels the active turn.
+    Cancel {
+        /// Same key + same command returns the first response.
+        idempotency_key: String,
+        /// Echoed in the response.
+        #[serde(default)]
+        request_id: Option<String>,
+        /// Why.
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// An executor reports an action's outcome (executor tokens only).
+    ActionResult {
+        /// Same key + same command returns the first response.
+        idempotency_key: String,
+        /// Echoed in the response.
+        #[serde(default)]
+        request_id: Option<String>,
+        /// The action.
+        action_id: String,
+        /// The claim.
+        claim_id: String,
+        /// The claim's generation.
+        generation: u64,
+        /// The outcome (`{"value": ...}` or `{"error": ...}`).
+        #[schema(value_type = Object)]
+        outcome: Value,
+    },
+    /// An operator settles an uncertain effect: `retry: true`, or its `outcome`.
+    Resolve {
+        /// Same key + same command returns the first response.
+        idempotency_key: String,
+        /// Echoed in the response.
+        #[serde(default)]
+        request_id: Option<String>,
+        /// The uncertain effect.
+        effect_id: String,
+        /// Perform it again.
+        #[serde(default)]
+        retry: Option<bool>,
+        /// Or: what it returned.
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        outcome: Option<Value>,
+    },
+}
+
+impl Command {
+    /// The idempotency key.
+    pub fn idempotency_key(&self) -> &str {
+        match self {
+            Command::Message {
+                idempotency_key, ..
+            }
+            | Command::Approve {
+                idempotency_key, ..
+            }
+            | Command::Respond {
+                idempotency_key, ..
+            }
+            | Command::Cancel {
+                idempotency_key, ..
+            }
+            | Command::ActionResult {
+                idempotency_key, ..
+            }
+            | Command::Resolve {
+                idempotency_key, ..
+            } => idempotency_key,
+        }
+    }
+
+    /// The request id.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Command::Message { request_id, .. }
+            | Command::Approve { request_id, .. }
+            | Command::Respond { request_id, .. }
+            | Command::Cancel { request_id, .. }
+            | Command::ActionResult { request_id, .. }
+            | Command::Resolve { request_id, .. } => request_id.as_deref(),
+        }
+    }
+
+    /// The type, as on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::Message { .. } => "message",
+            Command::Approve { .. } => "approve",
+            Command::Respond { .. } => "respond",
+            Command::Cancel { .. } => "cancel",
+            Command::ActionResult { .. } => "action_result",
+            Command::Resolve { .. } => "resolve",
+        }
+    }
+}
+
+/// A command was accepted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Accepted {
+    /// Always `accepted`.
+    pub status: String,
+    /// The turn the command belongs to.
+    pub turn_id: Option<String>,
+    /// The session's cursor once the command committed.
+    pub cursor: u64,
+    /// The request id of the first submission.
+    pub request_id: Option<String>,
+}
+
+/// One event of a session's stream.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventView {
+    /// Position in the session's stream: 1, 2, 3... with no gap.
+    pub cursor: u64,
+    /// The session.
+    pub session_id: String,
+    /// The turn.
+    pub turn_id: Option<String>,
+    /// Such as `turn.completed`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The event's data.
+    #[schema(value_type = Object)]
+    pub data: Value,
+    /// When it was appended (RFC 3339).
+    pub time: String,
+}
+
+/// `GET /v1/sessions/{id}/items`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ItemsPage {
+    /// Events after the cursor, in order.
+    pub items: Vec<EventView>,
+    /// Pass as `cursor` to get the next page.
+    pub cursor: u64,
+}
+
+/// `GET /v1/actions`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ActionList {
+    /// Pending actions in the token's scope.
+    pub actions: Vec<ActionView>,
+}
+
+/// `POST /v1/actions/{id}/claim`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// The manifest hash the executor runs.
+    pub manifest_hash: String,
+    /// The implementation version the executor runs.
+    pub implementation_version: String,
+}
+
+/// A claim granted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimResponse {
+    /// The claimed action.
+    pub action: ActionView,
+    /// Present it with heartbeats and the result.
+    pub claim_id: String,
+    /// The fencing generation.
+    pub generation: u64,
+    /// When the claim ends unless heartbeated (RFC 3339).
+    pub lease_expires_at: String,
+}
+
+/// `POST /v1/actions/{id}/heartbeat`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The claim.
+    pub claim_id: String,
+    /// Its generation.
+    pub generation: u64,
+}
+
+/// A heartbeat accepted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatResponse {
+    /// The new end of the claim (RFC 3339).
+    pub lease_expires_at: String,
+}
+
+/// `GET /health`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+}
+
+/// `GET /ready`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Ready {
+    /// `ready` or `not_ready`.
+    pub status: String,
+    /// Each check: `store`, `scheduler`, `accepting`.
+    pub checks: std::collections::BTreeMap<String, bool>,
+}
+
+/// RFC 3339 (UTC, milliseconds) of a store timestamp.
+pub fn rfc3339(time: corral_store::Timestamp) -> String {
+    let millis = time.as_unix_millis();
+    let secs = millis.div_euclid(1000);
+    let ms = millis.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{ms:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_store::Timestamp;
+
+    #[test]
+    fn rfc3339_formats_utc() {
+        assert_eq!(
+            rfc3339(Timestamp::from_unix_millis(0)),
+            "1970-01-01T00:00:00.000Z"
+        );
+        assert_eq!(
+            rfc3339(Timestamp::from_unix_millis(1_709_210_096_789)),
+            "2024-02-29T12:34:56.789Z"
+        );
+    }
+
+    #[test]
+    fn commands_reject_unknown_fields() {
+        let ok: Command = serde_json::from_str(
+            r#"{"type":"message","idempotencyKey":"k","content":"hi","requestId":"r"}"#,
+        )
+        .expect("valid");
+        assert_eq!(ok.kind(), "message");
+        let error = serde_json::from_str::<Command>(
+            r#"{"type":"message","idempotencyKey":"k","content":"hi","extra":1}"#,
+        )
+        .expect_err("unknown field");
+        assert!(error.to_string().contains("extra"), "{error}");
+    }
+}

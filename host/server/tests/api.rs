@@ -1,0 +1,1114 @@
+//! Black-box tests of `corral serve`'s wire contract, over real sockets.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use corral_server::manifest::manifest_hash;
+use corral_server::routes::ROUTES;
+use serde_json::{Value, json};
+
+fn concrete(path: &str) -> String {
+    path.replace("{agentId}", "helper").replace("{id}", "s1")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_and_ready_need_no_token() {
+    let h = Harness::start().await;
+    let (status, body) = h.call("GET", "/health", None, None).await;
+    assert_eq!((status, body), (200, json!({"status": "ok"})));
+    let (status, body) = h.call("GET", "/ready", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "ready");
+    assert_eq!(body["checks"]["store"], true);
+    assert_eq!(body["checks"]["scheduler"], true);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_route_checks_the_token_and_its_scope() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let public = ["/health", "/ready", "/v1/openapi.json"];
+    let executor_routes = [
+        "/v1/executors/connect",
+        "/v1/actions",
+        "/v1/actions/{id}/claim",
+        "/v1/actions/{id}/heartbeat",
+    ];
+    for (method, path) in ROUTES {
+        if public.contains(path) {
+            continue;
+        }
+        let url = concrete(path);
+        let body = (*method != "GET").then(|| json!({}));
+        for token in [None, Some("not-a-valid-token-at-all")] {
+            let (status, answer) = h.call(method, &url, token, body.clone()).await;
+            assert_error(status, &answer, 401, "unauthorized");
+        }
+        let (status, answer) = h.call(method, &url, Some("Basic abc"), body.clone()).await;
+        assert_error(status, &answer, 401, "unauthorized");
+        if executor_routes.contains(path) {
+            for token in [OPERATOR, ACME] {
+                let (status, answer) = h.call(method, &url, Some(token), body.clone()).await;
+                assert_error(status, &answer, 403, "forbidden");
+            }
+        } else if *path != "/v1/sessions/{id}/commands" {
+            let (status, answer) = h.call(method, &url, Some(EXECUTOR), body.clone()).await;
+            assert_error(status, &answer, 403, "forbidden");
+        }
+    }
+    // Executors may only report action results.
+    let (status, answer) = h
+        .command(
+            "s1",
+            EXECUTOR,
+            json!({"type": "message", "idempotencyKey": "k", "content": "x"}),
+        )
+        .await;
+    assert_error(status, &answer, 403, "forbidden");
+    // Metrics and agent registration need an operator token.
+    let (status, answer) = h.call("GET", "/metrics", Some(ACME), None).await;
+    assert_error(status, &answer, 403, "forbidden");
+    let (status, answer) = h
+        .call(
+            "PUT",
+            "/v1/agents/helper",
+            Some(ACME),
+            Some(json!({"manifest": manifest(), "implementationVersion": "1"})),
+        )
+        .await;
+    assert_error(status, &answer, 403, "forbidden");
+    // Unknown routes and methods.
+    let (status, answer) = h.call("GET", "/v1/nothing", Some(OPERATOR), None).await;
+    assert_error(status, &answer, 404, "not_found");
+    let (status, answer) = h
+        .call("DELETE", "/v1/sessions/s1", Some(OPERATOR), None)
+        .await;
+    assert_error(status, &answer, 404, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_are_registered_with_their_hash_and_validated() {
+    let h = Harness::start().await;
+    let hash = h.register_agent().await;
+    assert_eq!(hash, manifest_hash(&manifest()));
+    let list = h.ok("GET", "/v1/agents", OPERATOR, None).await;
+    assert_eq!(
+        list,
+        json!({"agents": [{"agentId": "helper", "manifest": manifest(), "manifestHash": hash, "implementationVersion": "1"}]})
+    );
+    let put = |manifest: Value| json!({"manifest": manifest, "implementationVersion": "1"});
+    // The manifest's id must equal the path.
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/agents/other",
+            Some(OPERATOR),
+            Some(put(manifest())),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    // Unknown fields are named.
+    let mut bad = manifest();
+    bad["temperature"] = json!(1);
+    let (status, body) = h
+        .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("temperature"),
+        "{body}"
+    );
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/agents/helper",
+            Some(OPERATOR),
+            Some(json!({"manifest": manifest(), "implementationVersion": "1", "extra": true})),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    assert!(
+        body["message"].as_str().unwrap_or("").contains("extra"),
+        "{body}"
+    );
+    // Schema violations.
+    let mut bad = manifest();
+    bad["mode"] = json!("telepathy");
+    let (status, body) = h
+        .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    let mut bad = manifest();
+    bad["capabilities"] = json!([{"kind": "webhook", "id": "w.x", "input_schema": {}}]);
+    let (status, body) = h
+        .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    // Bad JSON.
+    let (status, text) = h
+        .request("PUT", "/v1/agents/helper", Some(OPERATOR), None)
+        .await;
+    let body: Value = serde_json::from_str(&text).expect("json");
+    assert_error(status, &body, 400, "invalid_request");
+    let response = h
+        .client
+        .put(format!("{}/v1/agents/helper", h.base))
+        .bearer_auth(OPERATOR)
+        .body("{\"manifest\": ")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status().as_u16(), 400);
+    let body: Value = response.json().await.expect("json");
+    assert_error(400, &body, 400, "invalid_request");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bodies_over_one_mebibyte_are_refused_with_or_without_a_length() {
+    let h = Harness::start().await;
+    let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(1024 * 1024 + 10));
+    let response = h
+        .client
+        .put(format!("{}/v1/agents/helper", h.base))
+        .bearer_auth(OPERATOR)
+        .body(big.clone())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status().as_u16(), 413);
+    let body: Value = response.json().await.expect("json");
+    assert_error(413, &body, 413, "payload_too_large");
+    // Chunked: no Content-Length, the limit applies while reading.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big
+        .into_bytes()
+        .chunks(64 * 1024)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
+    let response = h
+        .client
+        .put(format!("{}/v1/agents/helper", h.base))
+        .bearer_auth(OPERATOR)
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status().as_u16(), 413);
+    let body: Value = response.json().await.expect("json");
+    assert_error(413, &body, 413, "payload_too_large");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_are_idempotent_on_their_creation_parameters() {
+    let h = Harness::start().await;
+    let hash = h.register_agent().await;
+    let create = json!({"agentId": "helper", "ownerUserId": "u1", "requestId": "r1"});
+    let first = h
+        .ok("PUT", "/v1/sessions/s1", OPERATOR, Some(create.clone()))
+        .await;
+    assert_eq!(
+        first,
+        json!({"id": "s1", "agentId": "helper", "ownerUserId": "u1", "manifestHash": hash,
+            "implementationVersion": "1", "status": "idle", "activeTurnId": null, "waits": null,
+            "error": null, "actions": [], "uncertainEffects": []})
+    );
+    let again = h
+        .ok(
+            "PUT",
+            "/v1/sessions/s1",
+            OPERATOR,
+            Some(json!({"agentId": "helper", "ownerUserId": "u1", "requestId": "r2"})),
+        )
+        .await;
+    assert_eq!(again, first);
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/sessions/s1",
+            Some(OPERATOR),
+            Some(json!({"agentId": "helper", "ownerUserId": "u2"})),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/sessions/s2",
+            Some(OPERATOR),
+            Some(json!({"agentId": "nobody", "ownerUserId": "u1"})),
+        )
+        .await;
+    assert_error(status, &body, 404, "not_found");
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/sessions/s2",
+            Some(OPERATOR),
+            Some(json!({"agentId": "helper"})),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ownerUserId"),
+        "{body}"
+    );
+    let (status, body) = h
+        .call("GET", "/v1/sessions/nope", Some(OPERATOR), None)
+        .await;
+    assert_error(status, &body, 404, "not_found");
+    let list = h
+        .ok("GET", "/v1/sessions?agentId=helper", OPERATOR, None)
+        .await;
+    assert_eq!(
+        list,
+        json!({"sessions": [{"id": "s1", "agentId": "helper", "ownerUserId": "u1", "status": "idle", "activeTurnId": null}]})
+    );
+    let list = h
+        .ok("GET", "/v1/sessions?agentId=other", OPERATOR, None)
+        .await;
+    assert_eq!(list, json!({"sessions": []}));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_see_only_their_sessions() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("a1", ACME).await;
+    h.session("b1", BETA).await;
+    let (status, body) = h.call("GET", "/v1/sessions/a1", Some(BETA), None).await;
+    assert_error(status, &body, 404, "not_found");
+    for path in ["/v1/sessions/a1/items", "/v1/sessions/a1/events"] {
+        let (status, body) = h.call("GET", path, Some(BETA), None).await;
+        assert_error(status, &body, 404, "not_found");
+    }
+    let (status, body) = h
+        .command(
+            "a1",
+            BETA,
+            json!({"type": "message", "idempotencyKey": "k", "content": "x"}),
+        )
+        .await;
+    assert_error(status, &body, 404, "not_found");
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/sessions/a2",
+            Some(ACME),
+            Some(json!({"agentId": "helper", "ownerUserId": "u1", "tenantId": "beta"})),
+        )
+        .await;
+    assert_error(status, &body, 403, "forbidden");
+    let ids = |v: Value| -> Vec<String> {
+        v["sessions"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| s["id"].as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        ids(h.ok("GET", "/v1/sessions", ACME, None).await),
+        vec!["a1"]
+    );
+    assert_eq!(
+        ids(h.ok("GET", "/v1/sessions", BETA, None).await),
+        vec!["b1"]
+    );
+    assert_eq!(
+        ids(h.ok("GET", "/v1/sessions", OPERATOR, None).await),
+        vec!["a1", "b1"]
+    );
+    // The tenant's own session works for it.
+    let (status, _) = h
+        .command(
+            "a1",
+            ACME,
+            json!({"type": "message", "idempotencyKey": "k", "content": "hello"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    h.wait_status("a1", "completed").await;
+    // An operator may create a session in a tenant.
+    let created = h
+        .ok(
+            "PUT",
+            "/v1/sessions/a3",
+            OPERATOR,
+            Some(json!({"agentId": "helper", "ownerUserId": "u9", "tenantId": "acme"})),
+        )
+        .await;
+    assert_eq!(created["id"], "a3");
+    h.ok("GET", "/v1/sessions/a3", ACME, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_runs_a_turn_to_completion() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let accepted = h.message("s1", "k1", "tool hello").await;
+    assert_eq!(accepted["status"], "accepted");
+    assert_eq!(accepted["cursor"], 1);
+    assert_eq!(accepted["requestId"], Value::Null);
+    let turn = accepted["turnId"].as_str().expect("turn").to_owned();
+    let view = h.wait_status("s1", "completed").await;
+    assert_eq!(view["activeTurnId"], Value::Null);
+    let events = h.events("s1").await;
+    let types: Vec<&str> = events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "command.message",
+            "tool.started",
+            "tool.finished",
+            "turn.completed"
+        ]
+    );
+    for (index, event) in events.iter().enumerate() {
+        assert_eq!(event["cursor"], index as u64 + 1);
+        assert_eq!(event["sessionId"], "s1");
+        assert_eq!(event["turnId"], turn.as_str());
+        assert!(event["time"].as_str().unwrap_or("").ends_with('Z'));
+        assert_eq!(event.as_object().map(|o| o.len()), Some(6), "{event}");
+    }
+    assert_eq!(events[0]["data"], json!({"content": "tool hello"}));
+    assert_eq!(events[3]["data"]["output"]["text"], "done: tool hello");
+    // A second turn after completion.
+    h.message("s1", "k2", "again").await;
+    h.wait_status("s1", "completed").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_need_a_settled_session() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    h.message("s1", "k1", "sleep:800").await;
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "message", "idempotencyKey": "k2", "content": "x"}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    h.wait_status("s1", "completed").await;
+    h.message("s1", "k3", "pause").await;
+    h.wait_status("s1", "paused").await;
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "message", "idempotencyKey": "k4", "content": "x"}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_are_idempotent_byte_for_byte() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let command =
+        json!({"type": "message", "idempotencyKey": "k1", "content": "hi", "requestId": "r1"});
+    let (status, first) = h
+        .request(
+            "POST",
+            "/v1/sessions/s1/commands",
+            Some(OPERATOR),
+            Some(&command),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    h.wait_status("s1", "completed").await;
+    // Same key, same command (another requestId): the first response, byte for byte.
+    let mut again = command.clone();
+    again["requestId"] = json!("r2");
+    let (status, second) = h
+        .request(
+            "POST",
+            "/v1/sessions/s1/commands",
+            Some(OPERATOR),
+            Some(&again),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(first, second);
+    let first: Value = serde_json::from_str(&first).expect("json");
+    assert_eq!(first["requestId"], "r1");
+    // Same key, another command.
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "message", "idempotencyKey": "k1", "content": "other"}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "cancel", "idempotencyKey": "k1"}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    // Bad commands.
+    for bad in [
+        json!({"type": "message", "idempotencyKey": "k9", "content": "x", "colour": 1}),
+        json!({"type": "shout", "idempotencyKey": "k9"}),
+        json!({"type": "message", "content": "x"}),
+        json!({"type": "message", "idempotencyKey": "k9", "content": 5}),
+        json!({"type": "message", "idempotencyKey": "", "content": "x"}),
+        json!({"type": "resolve", "idempotencyKey": "k9", "effectId": "e"}),
+    ] {
+        let (status, body) = h.command("s1", OPERATOR, bad.clone()).await;
+        assert_error(status, &body, 400, "invalid_request");
+        if bad.get("colour").is_some() {
+            assert!(
+                body["message"].as_str().unwrap_or("").contains("colour"),
+                "{body}"
+            );
+        }
+    }
+    let (status, body) = h
+        .command(
+            "nope",
+            OPERATOR,
+            json!({"type": "message", "idempotencyKey": "k", "content": "x"}),
+        )
+        .await;
+    assert_error(status, &body, 404, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_and_responses_resume_a_paused_turn() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let turn = h.message("s1", "k1", "pause input tool").await["turnId"]
+        .as_str()
+        .expect("turn")
+        .to_owned();
+    let view = h.wait_status("s1", "paused").await;
+    let interaction = format!("{turn}:0");
+    assert_eq!(view["waits"][0]["interactionId"], interaction.as_str());
+    assert_eq!(view["waits"][0]["kind"], "approval");
+    let paused = h
+        .events("s1")
+        .await
+        .into_iter()
+        .find(|e| e["type"] == "turn.paused")
+        .expect("paused");
+    assert_eq!(
+        paused["data"]["interactions"][0]["interactionId"],
+        interaction.as_str()
+    );
+    // Only the interaction paused on, with the right kind.
+    for bad in [
+        json!({"type": "approve", "idempotencyKey": "a0", "interactionId": "nope", "approved": true}),
+        json!({"type": "respond", "idempotencyKey": "a1", "interactionId": interaction, "value": 1}),
+    ] {
+        let (status, body) = h.command("s1", OPERATOR, bad).await;
+        assert_error(status, &body, 409, "conflict");
+    }
+    let (status, body) = h
+        .command("s1", OPERATOR, json!({"type": "approve", "idempotencyKey": "a2", "interactionId": interaction, "approved": true, "reason": "fine"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["turnId"], turn.as_str());
+    let view = h.wait_status("s1", "paused").await;
+    let input = format!("{turn}:1");
+    assert_eq!(view["waits"][0]["interactionId"], input.as_str());
+    assert_eq!(view["waits"][0]["kind"], "input");
+    let (status, body) = h
+        .command("s1", OPERATOR, json!({"type": "approve", "idempotencyKey": "a3", "interactionId": input, "approved": true}))
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let (status, _) = h
+        .command("s1", OPERATOR, json!({"type": "respond", "idempotencyKey": "a4", "interactionId": input, "value": {"answer": 42}}))
+        .await;
+    assert_eq!(status, 200);
+    h.wait_status("s1", "completed").await;
+    let types = h.event_types("s1").await;
+    assert_eq!(
+        types,
+        [
+            "command.message",
+            "turn.paused",
+            "command.approve",
+            "turn.paused",
+            "command.respond",
+            "tool.started",
+            "tool.finished",
+            "turn.completed"
+        ]
+    );
+    // Not paused any more.
+    let (status, body) = h
+        .command("s1", OPERATOR, json!({"type": "approve", "idempotencyKey": "a5", "interactionId": interaction, "approved": true}))
+        .await;
+    assert_error(status, &body, 409, "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_turn_keeps_the_conversation_and_reports_its_error() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    h.message("s1", "k1", "tool fail").await;
+    let view = h.wait_status("s1", "failed").await;
+    assert_eq!(
+        view["error"],
+        json!({"code": "scripted_failure", "message": "the script asked to fail"})
+    );
+    assert_eq!(view["activeTurnId"], Value::Null);
+    let failed = h
+        .events("s1")
+        .await
+        .into_iter()
+        .find(|e| e["type"] == "turn.failed")
+        .expect("failed");
+    assert_eq!(
+        failed["data"],
+        json!({"error": {"code": "scripted_failure", "message": "the script asked to fail"}})
+    );
+    // A panicking engine fails the turn too, without details.
+    h.message("s1", "k2", "panic").await;
+    let view = h.wait_status("s1", "failed").await;
+    assert_eq!(view["error"]["code"], "internal_error");
+    h.message("s1", "k3", "fine").await;
+    let view = h.wait_status("s1", "completed").await;
+    assert_eq!(view["error"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn internal_errors_never_leak_details() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let turn = h.message("s1", "k1", "corrupt").await["turnId"]
+        .as_str()
+        .expect("turn")
+        .to_owned();
+    h.wait_status("s1", "paused").await;
+    let (status, text) = h
+        .request("POST", "/v1/sessions/s1/commands", Some(OPERATOR),
+            Some(&json!({"type": "approve", "idempotencyKey": "a", "interactionId": format!("{turn}:0"), "approved": true})))
+        .await;
+    let body: Value = serde_json::from_str(&text).expect("json");
+    assert_error(status, &body, 500, "internal_error");
+    assert!(
+        !text.contains("do-not-leak-this") && !text.contains("decode"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_aborts_the_turn_and_restores_the_state_before_it() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    h.message("s1", "k1", "first").await;
+    h.wait_status("s1", "completed").await;
+    let turn = h.message("s1", "k2", "sleep:3000 tool").await["turnId"]
+        .as_str()
+        .expect("t")
+        .to_owned();
+    h.wait_status("s1", "running").await;
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "cancel", "idempotencyKey": "c1", "reason": "changed my mind"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["turnId"], turn.as_str());
+    let view = h.wait_status("s1", "cancelled").await;
+    assert_eq!(view["activeTurnId"], Value::Null);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = h.events("s1").await;
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "turn.cancelled");
+    assert_eq!(last["data"], json!({"reason": "changed my mind"}));
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["type"] == "tool.started" && e["turnId"] == turn.as_str())
+    );
+    // A paused plan is not resumed by a new turn: cancel while paused, then message.
+    h.message("s1", "k3", "pause").await;
+    h.wait_status("s1", "paused").await;
+    h.command(
+        "s1",
+        OPERATOR,
+        json!({"type": "cancel", "idempotencyKey": "c2"}),
+    )
+    .await;
+    h.wait_status("s1", "cancelled").await;
+    h.message("s1", "k4", "plain").await;
+    let view = h.wait_status("s1", "completed").await;
+    assert_eq!(view["waits"], Value::Null);
+    // The conversation holds the completed turns only.
+    let types = h.event_types("s1").await;
+    assert_eq!(types.iter().filter(|t| *t == "turn.completed").count(), 2);
+}
+
+async fn executor_claim(h: &Harness, action: &str, hash: &str) -> Value {
+    h.ok(
+        "POST",
+        &format!("/v1/actions/{action}/claim"),
+        EXECUTOR,
+        Some(json!({"manifestHash": hash, "implementationVersion": "1"})),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn executors_claim_heartbeat_and_report_actions() {
+    let h = Harness::start().await;
+    let hash = h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let turn = h.message("s1", "k1", "action tool").await["turnId"]
+        .as_str()
+        .expect("t")
+        .to_owned();
+    let view = h.wait_status("s1", "waiting").await;
+    let action = format!("{turn}:0");
+    assert_eq!(view["waits"], json!({"effectIds": [action]}));
+    assert_eq!(view["actions"][0]["actionId"], action.as_str());
+    let listed = h.ok("GET", "/v1/actions", EXECUTOR, None).await;
+    assert_eq!(listed["actions"][0]["actionId"], action.as_str());
+    assert_eq!(listed["actions"][0]["status"], "pending");
+    let other = h.ok("GET", "/v1/actions", OTHER_EXECUTOR, None).await;
+    assert_eq!(other, json!({"actions": []}));
+    // Out of scope.
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{action}/claim"),
+            Some(OTHER_EXECUTOR),
+            Some(json!({"manifestHash": "sha256:00", "implementationVersion": "1"})),
+        )
+        .await;
+    assert_error(status, &body, 403, "forbidden");
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/actions/nope/claim",
+            Some(EXECUTOR),
+            Some(json!({"manifestHash": hash, "implementationVersion": "1"})),
+        )
+        .await;
+    assert_error(status, &body, 404, "not_found");
+    // Definition mismatch.
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{action}/claim"),
+            Some(EXECUTOR),
+            Some(json!({"manifestHash": hash, "implementationVersion": "2"})),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{action}/claim"),
+            Some(EXECUTOR),
+            Some(json!({"manifestHash": hash, "implementationVersion": "1", "x": 1})),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    let claim = executor_claim(&h, &action, &hash).await;
+    assert_eq!(claim["generation"], 1);
+    assert_eq!(claim["action"]["status"], "claimed");
+    let claim_id = claim["claimId"].as_str().expect("claim").to_owned();
+    // Unavailable once claimed.
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{action}/claim"),
+            Some(EXECUTOR),
+            Some(json!({"manifestHash": hash, "implementationVersion": "1"})),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let beat = h
+        .ok(
+            "POST",
+            &format!("/v1/actions/{action}/heartbeat"),
+            EXECUTOR,
+            Some(json!({"claimId": claim_id, "generation": 1})),
+        )
+        .await;
+    assert!(beat["leaseExpiresAt"].as_str().unwrap_or("").ends_with('Z'));
+    for (claim_id, generation) in [(claim_id.as_str(), 2), ("other-claim", 1)] {
+        let (status, body) = h
+            .call(
+                "POST",
+                &format!("/v1/actions/{action}/heartbeat"),
+                Some(EXECUTOR),
+                Some(json!({"claimId": claim_id, "generation": generation})),
+            )
+            .await;
+        assert_error(status, &body, 409, "conflict");
+    }
+    let result = |key: &str, generation: u64, value: Value| {
+        json!({"type": "action_result", "idempotencyKey": key, "actionId": action,
+            "claimId": claim_id, "generation": generation, "outcome": {"value": value}})
+    };
+    // Stale generation.
+    let (status, body) = h.command("s1", EXECUTOR, result("r0", 2, json!(1))).await;
+    assert_error(status, &body, 409, "conflict");
+    // Application tokens cannot report results; executors only in their scope.
+    let (status, body) = h.command("s1", OPERATOR, result("r0", 1, json!(1))).await;
+    assert_error(status, &body, 403, "forbidden");
+    let (status, body) = h
+        .command("s1", OTHER_EXECUTOR, result("r0", 1, json!(1)))
+        .await;
+    assert_error(status, &body, 403, "forbidden");
+    let (status, first) = h
+        .request(
+            "POST",
+            "/v1/sessions/s1/commands",
+            Some(EXECUTOR),
+            Some(&result("r1", 1, json!(42))),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    // The same result again (another key) gets the first receipt; a different one 409.
+    let (status, again) = h
+        .request(
+            "POST",
+            "/v1/sessions/s1/commands",
+            Some(EXECUTOR),
+            Some(&result("r2", 1, json!(42))),
+        )
+        .await;
+    assert_eq!((status, again), (200, first.clone()));
+    let (status, body) = h.command("s1", EXECUTOR, result("r3", 1, json!(43))).await;
+    assert_error(status, &body, 409, "conflict");
+    let view = h.wait_status("s1", "completed").await;
+    assert_eq!(view["actions"], json!([]));
+    let types = h.event_types("s1").await;
+    assert_eq!(
+        types,
+        [
+            "command.message",
+            "action.pending",
+            "turn.waiting",
+            "action.claimed",
+            "action.completed",
+            "tool.started",
+            "tool.finished",
+            "turn.completed"
+        ]
+    );
+    let completed = h
+        .events("s1")
+        .await
+        .into_iter()
+        .find(|e| e["type"] == "action.completed")
+        .expect("e");
+    assert_eq!(completed["data"]["result"], json!({"value": 42}));
+    // Heartbeat once the turn is over.
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{action}/heartbeat"),
+            Some(EXECUTOR),
+            Some(json!({"claimId": claim_id, "generation": 1})),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_claim_becomes_uncertain_and_an_operator_resolves_it() {
+    let h = Harness::start_with(Options {
+        lease: Duration::from_millis(400),
+        ..Options::default()
+    })
+    .await;
+    let hash = h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let turn = h.message("s1", "k1", "action action").await["turnId"]
+        .as_str()
+        .expect("t")
+        .to_owned();
+    h.wait_status("s1", "waiting").await;
+    let action = format!("{turn}:0");
+    let claim = executor_claim(&h, &action, &hash).await;
+    let claim_id = claim["claimId"].as_str().expect("c").to_owned();
+    let view = h.wait_status("s1", "uncertain").await;
+    assert_eq!(view["uncertainEffects"][0]["effectId"], action.as_str());
+    assert_eq!(view["actions"][0]["status"], "uncertain");
+    assert!(
+        h.event_types("s1")
+            .await
+            .contains(&"action.uncertain".to_owned())
+    );
+    // Heartbeat and result after expiry.
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{action}/heartbeat"),
+            Some(EXECUTOR),
+            Some(json!({"claimId": claim_id, "generation": 1})),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let (status, body) = h
+        .command(
+            "s1",
+            EXECUTOR,
+            json!({"type": "action_result", "idempotencyKey": "r1", "actionId": action,
+            "claimId": claim_id, "generation": 1, "outcome": {"value": 1}}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    // Resolve: executor tokens may not; unknown effects 404; then settle it.
+    let resolve = json!({"type": "resolve", "idempotencyKey": "v1", "effectId": action, "outcome": {"value": "by hand"}});
+    let (status, body) = h.command("s1", EXECUTOR, resolve.clone()).await;
+    assert_error(status, &body, 403, "forbidden");
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "resolve", "idempotencyKey": "v0", "effectId": "nope", "retry": true}),
+        )
+        .await;
+    assert_error(status, &body, 404, "not_found");
+    let (status, body) = h.command("s1", OPERATOR, resolve).await;
+    assert_eq!(status, 200, "{body}");
+    // The second action: claim, let it expire, retry it, and finish.
+    let second = format!("{turn}:1");
+    h.wait_status("s1", "waiting").await;
+    executor_claim(&h, &second, &hash).await;
+    h.wait_status("s1", "uncertain").await;
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "resolve", "idempotencyKey": "v2", "effectId": second, "retry": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    h.wait_status("s1", "waiting").await;
+    let claim = executor_claim(&h, &second, &hash).await;
+    assert_eq!(claim["generation"], 2);
+    let (status, body) = h
+        .command(
+            "s1",
+            EXECUTOR,
+            json!({"type": "action_result", "idempotencyKey": "r2", "actionId": second,
+            "claimId": claim["claimId"], "generation": 2, "outcome": {"value": 2}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    h.wait_status("s1", "completed").await;
+    // Resolving a settled effect is a conflict.
+    let (status, body) = h
+        .command(
+            "s1",
+            OPERATOR,
+            json!({"type": "resolve", "idempotencyKey": "v3", "effectId": second, "retry": true}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_settles_the_turns_actions() {
+    let h = Harness::start().await;
+    let hash = h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    let turn = h.message("s1", "k1", "action").await["turnId"]
+        .as_str()
+        .expect("t")
+        .to_owned();
+    h.wait_status("s1", "waiting").await;
+    h.command(
+        "s1",
+        OPERATOR,
+        json!({"type": "cancel", "idempotencyKey": "c1"}),
+    )
+    .await;
+    h.wait_status("s1", "cancelled").await;
+    let (status, body) = h
+        .call(
+            "POST",
+            &format!("/v1/actions/{turn}:0/claim"),
+            Some(EXECUTOR),
+            Some(json!({"manifestHash": hash, "implementationVersion": "1"})),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+    let listed = h.ok("GET", "/v1/actions", EXECUTOR, None).await;
+    assert_eq!(listed, json!({"actions": []}));
+    // A claimed action becomes uncertain on cancel.
+    let turn = h.message("s1", "k2", "action").await["turnId"]
+        .as_str()
+        .expect("t")
+        .to_owned();
+    h.wait_status("s1", "waiting").await;
+    let action = format!("{turn}:0");
+    let claim = executor_claim(&h, &action, &hash).await;
+    h.command(
+        "s1",
+        OPERATOR,
+        json!({"type": "cancel", "idempotencyKey": "c2"}),
+    )
+    .await;
+    let view = h.wait_status("s1", "cancelled").await;
+    assert_eq!(view["actions"][0]["status"], "uncertain");
+    assert_eq!(view["uncertainEffects"][0]["effectId"], action.as_str());
+    let (status, body) = h
+        .command(
+            "s1",
+            EXECUTOR,
+            json!({"type": "action_result", "idempotencyKey": "r", "actionId": action,
+            "claimId": claim["claimId"], "generation": 1, "outcome": {"value": 1}}),
+        )
+        .await;
+    assert_error(status, &body, 409, "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn items_page_the_event_history() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    h.message("s1", "k1", "events:25").await;
+    h.wait_status("s1", "completed").await;
+    let mut cursor = 0;
+    let mut seen = Vec::new();
+    loop {
+        let page = h
+            .ok(
+                "GET",
+                &format!("/v1/sessions/s1/items?cursor={cursor}&limit=7"),
+                OPERATOR,
+                None,
+            )
+            .await;
+        let items = page["items"].as_array().cloned().unwrap_or_default();
+        if items.is_empty() {
+            assert_eq!(page["cursor"], cursor);
+            break;
+        }
+        assert!(items.len() <= 7);
+        seen.extend(items.iter().map(|e| e["cursor"].as_u64().unwrap_or(0)));
+        cursor = page["cursor"].as_u64().expect("cursor");
+    }
+    assert_eq!(seen, (1..=27).collect::<Vec<u64>>());
+    for bad in [
+        "cursor=abc",
+        "cursor=-1",
+        "cursor=999",
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+    ] {
+        let (status, body) = h
+            .call(
+                "GET",
+                &format!("/v1/sessions/s1/items?{bad}"),
+                Some(OPERATOR),
+                None,
+            )
+            .await;
+        assert_error(status, &body, 400, "invalid_request");
+    }
+    for bad in ["cursor=abc", "cursor=999"] {
+        let (status, body) = h
+            .call(
+                "GET",
+                &format!("/v1/sessions/s1/events?{bad}"),
+                Some(OPERATOR),
+                None,
+            )
+            .await;
+        assert_error(status, &body, 400, "invalid_request");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_openapi_description_covers_every_route_and_error_code() {
+    let h = Harness::start().await;
+    let doc = h.ok("GET", "/v1/openapi.json", OPERATOR, None).await;
+    assert!(
+        doc["openapi"].as_str().unwrap_or("").starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    let mut statuses = std::collections::BTreeSet::new();
+    for (method, path) in ROUTES {
+        let operation = &doc["paths"][*path][method.to_lowercase()];
+        assert!(operation.is_object(), "{method} {path} is not described");
+        if let Some(responses) = operation["responses"].as_object() {
+            statuses.extend(responses.keys().cloned());
+        }
+    }
+    let codes = &doc["components"]["schemas"]["ErrorCode"];
+    let text = codes.to_string();
+    for (code, status) in corral_server::error::ErrorCode::ALL {
+        assert!(
+            text.contains(code.as_str()),
+            "{} not described: {text}",
+            code.as_str()
+        );
+        assert!(
+            statuses.contains(&status.to_string()),
+            "status {status} not described"
+        );
+    }
+    assert_eq!(
+        doc["paths"].as_object().map(|p| p.len()),
+        Some(
+            ROUTES
+                .iter()
+                .map(|(_, p)| p)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_commands_turns_and_streams() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", OPERATOR).await;
+    h.message("s1", "k1", "tool").await;
+    h.wait_status("s1", "completed").await;
+    let (status, text) = h.request("GET", "/metrics", Some(OPERATOR), None).await;
+    assert_eq!(status, 200);
+    for line in [
+        "corral_commands_total{type=\"message\"} 1",
+        "corral_turns_total{outcome=\"completed\"} 1",
+        "corral_uncertain_total 0",
+        "corral_lease_expiries_total 0",
+        "corral_sse_streams 0",
+        "# TYPE corral_store_latency_seconds histogram",
+        "corral_effects_total{status=\"uncertain\"} 0",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}

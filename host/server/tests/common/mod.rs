@@ -1,0 +1,292 @@
+//! A server on a real socket for the black-box tests.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use corral_server::manifest::manifest_hash;
+use corral_server::script::ScriptRunner;
+use corral_server::{Config, Server, StoreLocation, TokenConfig, TurnJob, TurnOutcome, TurnRunner};
+use corral_store::{
+    CheckpointWrite, ExecutorScope, NewCheckpoint, SessionCommit, SessionStatus, SqliteStore, Store,
+};
+use serde_json::{Value, json};
+
+pub const OPERATOR: &str = "operator-token-0000000001";
+pub const ACME: &str = "acme-tenant-token-000001";
+pub const BETA: &str = "beta-tenant-token-000001";
+pub const EXECUTOR: &str = "executor-token-helper-0001";
+pub const OTHER_EXECUTOR: &str = "executor-token-other-00001";
+
+pub fn manifest() -> Value {
+    json!({
+        "id": "helper",
+        "instructions": "Help.",
+        "model": {"provider": "scripted", "replies": [{"text": "hi"}]},
+        "capabilities": [
+            {"kind": "builtin", "id": "examples.echo"},
+            {"kind": "action", "id": "demo.action", "input_schema": {"type": "object"}}
+        ]
+    })
+}
+
+/// The scripted runner, plus `corrupt`: leaves the session paused on an unreadable checkpoint.
+#[derive(Debug)]
+struct TestRunner(ScriptRunner);
+
+#[async_trait]
+impl TurnRunner for TestRunner {
+    async fn run(&self, job: TurnJob) -> TurnOutcome {
+        if job.checkpoint.message == "corrupt" {
+            let mut commit = SessionCommit::new(&job.session.id);
+            commit.fence = Some(job.fence.clone());
+            commit.patch.status = Some(SessionStatus::Paused);
+            commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+                &job.turn_id,
+                job.segment,
+                json!({"secret": "do-not-leak-this"}),
+            )));
+            let _ = job.store.commit(commit).await;
+            return TurnOutcome::Cancelled;
+        }
+        self.0.run(job).await
+    }
+}
+
+#[derive(Debug)]
+pub struct Harness {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub store_path: std::path::PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    pub dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Debug)]
+pub struct Options {
+    pub lease: Duration,
+    pub send_timeout: Duration,
+    pub keep_alive: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lease: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(5),
+            keep_alive: Duration::from_secs(15),
+        }
+    }
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Harness::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> Harness {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store_path = dir.path().join("corral.db");
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&store_path).expect("store"));
+        Harness::start_on(store, store_path, Some(dir), options).await
+    }
+
+    pub async fn start_on(
+        store: Arc<dyn Store>,
+        store_path: std::path::PathBuf,
+        dir: Option<tempfile::TempDir>,
+        options: Options,
+    ) -> Harness {
+        let hash = manifest_hash(&manifest());
+        let mut config = Config::new(
+            "127.0.0.1:0".parse().expect("addr"),
+            StoreLocation::Sqlite(store_path.clone()),
+            options.lease,
+            vec![
+                TokenConfig::application(OPERATOR, None),
+                TokenConfig::application(ACME, Some("acme".to_owned())),
+                TokenConfig::application(BETA, Some("beta".to_owned())),
+                TokenConfig::executor(EXECUTOR, ExecutorScope::new("helper", &hash, "1")),
+                TokenConfig::executor(
+                    OTHER_EXECUTOR,
+                    ExecutorScope::new("other", "sha256:00", "1"),
+                ),
+            ],
+        )
+        .expect("config");
+        config.sse_send_timeout = options.send_timeout;
+        config.sse_keep_alive = options.keep_alive;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let server = Server::new(config, store, Arc::new(TestRunner(ScriptRunner::default())));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(listener, async move {
+            let _ = stopped.await;
+        }));
+        Harness {
+            base,
+            client: reqwest::Client::new(),
+            store_path,
+            stop: Some(stop),
+            task: Some(task),
+            dir,
+        }
+    }
+
+    /// Stops the server and waits for it to finish; returns the temp dir for a restart.
+    pub async fn shutdown(mut self) -> Option<tempfile::TempDir> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("join").expect("served");
+        }
+        self.dir.take()
+    }
+
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, String) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    }
+
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let (status, text) = self.request(method, path, token, body.as_ref()).await;
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    pub async fn ok(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.call(method, path, Some(token), body).await;
+        assert_eq!(status, 200, "{method} {path}: {value}");
+        value
+    }
+
+    pub async fn register_agent(&self) -> String {
+        let put = self
+            .ok(
+                "PUT",
+                "/v1/agents/helper",
+                OPERATOR,
+                Some(json!({"manifest": manifest(), "implementationVersion": "1"})),
+            )
+            .await;
+        put["manifestHash"].as_str().expect("hash").to_owned()
+    }
+
+    pub async fn session(&self, id: &str, token: &str) -> Value {
+        self.ok(
+            "PUT",
+            &format!("/v1/sessions/{id}"),
+            token,
+            Some(json!({"agentId": "helper", "ownerUserId": "u1",
+                "info": {"email": "ada@example.com", "displayName": "Ada"}})),
+        )
+        .await
+    }
+
+    pub async fn command(&self, id: &str, token: &str, command: Value) -> (u16, Value) {
+        self.call(
+            "POST",
+            &format!("/v1/sessions/{id}/commands"),
+            Some(token),
+            Some(command),
+        )
+        .await
+    }
+
+    pub async fn message(&self, id: &str, key: &str, content: &str) -> Value {
+        let (status, body) = self
+            .command(
+                id,
+                OPERATOR,
+                json!({"type": "message", "idempotencyKey": key, "content": content}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    pub async fn view(&self, id: &str) -> Value {
+        self.ok("GET", &format!("/v1/sessions/{id}"), OPERATOR, None)
+            .await
+    }
+
+    pub async fn wait_status(&self, id: &str, status: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let view = self.view(id).await;
+            if view["status"] == status {
+                return view;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "session {id} never became {status}: {view}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn events(&self, id: &str) -> Vec<Value> {
+        let page = self
+            .ok(
+                "GET",
+                &format!("/v1/sessions/{id}/items?limit=1000"),
+                OPERATOR,
+                None,
+            )
+            .await;
+        page["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub async fn event_types(&self, id: &str) -> Vec<String> {
+        self.events(id)
+            .await
+            .iter()
+            .map(|e| e["type"].as_str().unwrap_or("").to_owned())
+            .collect()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn assert_error(status: u16, body: &Value, expected_status: u16, code: &str) {
+    assert_eq!(status, expected_status, "{body}");
+    assert_eq!(body["status"], "rejected", "{body}");
+    assert_eq!(body["code"], code, "{body}");
+    assert!(body["message"].is_string(), "{body}");
+    assert_eq!(body.as_object().map(|o| o.len()), Some(3), "{body}");
+}
