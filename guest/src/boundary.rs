@@ -7,8 +7,7 @@ use javy::quickjs::{
 };
 
 use crate::corral::sandbox::host;
-use crate::corral::sandbox::types::{Binding, CallValue, Completion, LogLevel, User};
-use crate::exports::corral::sandbox::session::ScriptError;
+use crate::corral::sandbox::types::{Binding, CallValue, Completion, LogLevel, ScriptError, User};
 use crate::{PendingCall, SCRIPT_FILE_NAME, with_session};
 
 /// Scripts are evaluated as the body of an async arrow function. The prefix stays on the first

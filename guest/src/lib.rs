@@ -7,12 +7,15 @@
 //!   QuickJS runtime and evaluates the prelude, so the snapshot taken afterwards starts every
 //!   session with a warm engine;
 //! - `session.init` binds the capabilities under `tools` and the frozen `user`;
-//! - `session.run` evaluates one script as the body of an async function and drives its promise,
-//!   asking the host for call completions whenever the script is waiting on calls.
+//! - `session.run` evaluates one script as the body of an async function and drives its promise
+//!   until it settles (`done`) or only waits on calls (`waiting`); `session.resume` delivers a
+//!   batch of completions and drives it further. Between the two the guest holds no host stack:
+//!   the waiting script is just the promise kept in [`SessionState::script`].
 //!
 //! All conversions between JavaScript values and WIT values live in [`boundary`].
 
 mod boundary;
+mod preview1;
 
 use std::cell::{OnceCell, RefCell};
 
@@ -25,7 +28,8 @@ wit_bindgen::generate!({
 });
 
 use corral::sandbox::host;
-use exports::corral::sandbox::session::{Guest, ScriptError, SessionConfig};
+use corral::sandbox::types::Clock;
+use exports::corral::sandbox::session::{Completion, Guest, RunState, SessionConfig};
 
 /// The QuickJS garbage-collection threshold. javy defaults to `usize::MAX` (never collect);
 /// 2 MiB keeps small scripts free of collections while memory bombs are collected long before
@@ -62,11 +66,23 @@ struct SessionState {
     bindings: Vec<(String, Vec<String>)>,
     /// The user given to `init`, turned into the frozen `user` on first read.
     user: Option<crate::corral::sandbox::types::User>,
+    /// The promise of the script that is waiting on calls, between `run`/`resume` returning
+    /// `waiting` and the `resume` that settles it.
+    script: Option<Persistent<Value<'static>>>,
     /// Calls started and not completed yet.
     pending: Vec<PendingCall>,
     next_call_id: u32,
     /// State of the `Math.random` generator (xorshift64*), seeded by the host.
     random_state: u64,
+    /// The frozen time in milliseconds since the Unix epoch, unless `host_clock`.
+    frozen_ms: u64,
+    /// Whether the host granted its clock (`host.now-ms`).
+    host_clock: bool,
+    /// The stream behind WASI `random_get` (see [`preview1`]): a splitmix64 state derived from
+    /// the seed, the current 64-bit word and how many of its bytes were used.
+    entropy_seed: u64,
+    entropy_state: u64,
+    entropy_used: u32,
 }
 
 struct PendingCall {
@@ -162,6 +178,15 @@ fn with_session<R>(f: impl FnOnce(&mut SessionState) -> R) -> R {
     SESSION.with(|cell| f(&mut cell.borrow_mut()))
 }
 
+/// The time scripts see, in milliseconds since the Unix epoch: frozen (0 before `init`, so the
+/// snapshot never depends on a clock) unless the host granted its own.
+pub(crate) fn now_ms() -> u64 {
+    match with_session(|session| (!session.host_clock).then_some(session.frozen_ms)) {
+        Some(frozen) => frozen,
+        None => host::now_ms(),
+    }
+}
+
 /// Wizer's entry point: build the runtime now so it is part of the snapshot.
 #[unsafe(export_name = "wizer-initialize")]
 pub extern "C" fn wizer_initialize() {
@@ -180,18 +205,32 @@ impl Guest for Component {
             session.initialized = true;
             // xorshift64* must not start at zero.
             session.random_state = config.random_seed | 1;
+            // A stream of its own, so the library's use of randomness never shifts the
+            // sequence `Math.random` returns.
+            session.entropy_seed = config.random_seed ^ 0x6a09_e667_f3bc_c908;
+            session.entropy_used = 0;
+            match config.clock {
+                Clock::Frozen(ms) => session.frozen_ms = ms,
+                Clock::Host => session.host_clock = true,
+            }
             session.bindings = bindings;
             session.user = config.user;
             Ok(())
         })
     }
 
-    fn run(source: String) -> Result<Option<String>, ScriptError> {
-        if !with_session(|session| session.initialized) {
-            return Err(boundary::plain_error(
-                "Error",
-                "session.run was called before session.init",
-            ));
+    fn run(source: String) -> RunState {
+        let refused = with_session(|session| {
+            if !session.initialized {
+                Some("session.run was called before session.init")
+            } else if session.script.is_some() {
+                Some("session.run was called while the previous script is still waiting")
+            } else {
+                None
+            }
+        });
+        if let Some(message) = refused {
+            return RunState::Done(Err(boundary::plain_error("Error", message)));
         }
         let promise = with_runtime(|runtime| {
             runtime.context().with(|ctx| {
@@ -200,39 +239,58 @@ impl Guest for Component {
                     .map(|value| Persistent::save(&ctx, value))
                     .map_err(|e| boundary::script_error(&ctx, e))
             })
-        })?;
-        drive(promise)
-    }
-}
-
-/// Runs jobs and delivers completions until the script's promise settles.
-fn drive(promise: Persistent<Value<'static>>) -> Result<Option<String>, ScriptError> {
-    loop {
-        let jobs = with_runtime(|runtime| runtime.resolve_pending_jobs());
-        if let Err(error) = jobs {
-            return Err(boundary::plain_error("InternalError", &error.to_string()));
-        }
-        let settled = with_runtime(|runtime| {
-            runtime
-                .context()
-                .with(|ctx| boundary::settled_result(&ctx, promise.clone()))
         });
-        if let Some(result) = settled {
-            return result;
+        match promise {
+            Ok(promise) => drive(promise),
+            Err(error) => RunState::Done(Err(error)),
         }
-        if with_session(|session| session.pending.is_empty()) {
-            return Err(boundary::plain_error(
+    }
+
+    fn resume(completions: Vec<Completion>) -> RunState {
+        let Some(promise) = with_session(|session| session.script.take()) else {
+            return RunState::Done(Err(boundary::plain_error(
                 "Error",
-                "the script is waiting on a promise that can never settle: no capability call is pending",
-            ));
-        }
-        let completions = host::wait_completions();
+                "session.resume was called with no script waiting",
+            )));
+        };
         with_runtime(|runtime| {
             runtime
                 .context()
                 .with(|ctx| boundary::deliver(&ctx, completions))
         });
+        drive(promise)
     }
+}
+
+/// Runs jobs until the script's promise settles (`done`) or nothing is left to do but wait on
+/// calls (`waiting`, keeping the promise for `resume`).
+fn drive(promise: Persistent<Value<'static>>) -> RunState {
+    let jobs = with_runtime(|runtime| runtime.resolve_pending_jobs());
+    if let Err(error) = jobs {
+        return RunState::Done(Err(boundary::plain_error(
+            "InternalError",
+            &error.to_string(),
+        )));
+    }
+    let settled = with_runtime(|runtime| {
+        runtime
+            .context()
+            .with(|ctx| boundary::settled_result(&ctx, promise.clone()))
+    });
+    if let Some(result) = settled {
+        return RunState::Done(result);
+    }
+    with_session(|session| {
+        if session.pending.is_empty() {
+            RunState::Done(Err(boundary::plain_error(
+                "Error",
+                "the script is waiting on a promise that can never settle: no capability call is pending",
+            )))
+        } else {
+            session.script = Some(promise);
+            RunState::Waiting
+        }
+    })
 }
 
 export!(Component);

@@ -282,6 +282,20 @@ fn stacks_deeper_than_the_guest_can_back_are_refused() {
     ));
 }
 
+#[test]
+fn memory_caps_above_the_guests_declared_maximum_are_refused() {
+    // Above the maximum the guest's memory declares, growth would fail quietly (a catchable
+    // out-of-memory error in QuickJS) instead of trapping at the limiter.
+    let config = SandboxConfig {
+        max_memory_bytes: corral_sandbox::GUEST_MAX_MEMORY_BYTES + (64 << 10),
+        ..SandboxConfig::default()
+    };
+    assert!(matches!(
+        corral_sandbox::Sandbox::new(config),
+        Err(corral_sandbox::LoadGuestError::InvalidConfig(_))
+    ));
+}
+
 #[tokio::test]
 async fn the_largest_stack_still_ends_in_a_stack_overflow() {
     // At the maximum, runaway recursion must still be the typed stack limit, not a trap from

@@ -7,3 +7,4 @@ mod concurrency;
 mod fuel;
 mod isolation;
 mod limits;
+mod schedule;

@@ -131,13 +131,19 @@ impl std::fmt::Debug for RoutingBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut ids: Vec<&String> = self.routes.keys().collect();
         ids.sort();
-        f.debug_struct("RoutingBackend").field("routes", &ids).finish()
+        f.debug_struct("RoutingBackend")
+            .field("routes", &ids)
+            .finish()
     }
 }
 
 impl RoutingBackend {
     /// Routes `capability_id` to `backend`.
-    pub fn route(&mut self, capability_id: impl Into<String>, backend: std::sync::Arc<dyn Backend>) {
+    pub fn route(
+        &mut self,
+        capability_id: impl Into<String>,
+        backend: std::sync::Arc<dyn Backend>,
+    ) {
         self.routes.insert(capability_id.into(), backend);
     }
 }

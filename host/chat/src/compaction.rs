@@ -28,7 +28,9 @@ pub fn split_point(messages: &[Message], keep_tokens: usize) -> Option<usize> {
     let mut kept = 0usize;
     let mut split = messages.len();
     for (index, message) in messages.iter().enumerate().rev() {
-        let size = serde_json::to_string(message).map_or(0, |t| t.len()).div_ceil(4);
+        let size = serde_json::to_string(message)
+            .map_or(0, |t| t.len())
+            .div_ceil(4);
         if kept + size > keep_tokens && split < messages.len() {
             break;
         }
@@ -64,7 +66,11 @@ pub fn summary_request(
             Message::Tool {
                 content, is_error, ..
             } => {
-                let label = if *is_error { "Tool error" } else { "Tool result" };
+                let label = if *is_error {
+                    "Tool error"
+                } else {
+                    "Tool result"
+                };
                 transcript.push_str(&format!("{label}: {content}\n"));
             }
         }

@@ -39,7 +39,8 @@ impl std::fmt::Debug for ExecutorRequest {
 #[async_trait]
 pub trait ExecutorFactory: Send + Sync {
     /// A new executor session.
-    async fn create(&self, request: ExecutorRequest) -> Result<ExecutorSession, CreateSessionError>;
+    async fn create(&self, request: ExecutorRequest)
+    -> Result<ExecutorSession, CreateSessionError>;
 }
 
 /// The standard factory: sessions of a [`Sandbox`] with fixed limits, redaction and grants.
@@ -71,7 +72,10 @@ impl SandboxExecutorFactory {
 
 #[async_trait]
 impl ExecutorFactory for SandboxExecutorFactory {
-    async fn create(&self, request: ExecutorRequest) -> Result<ExecutorSession, CreateSessionError> {
+    async fn create(
+        &self,
+        request: ExecutorRequest,
+    ) -> Result<ExecutorSession, CreateSessionError> {
         let mut options = SessionOptions::new(request.catalog, request.backend);
         options.redactor = Arc::clone(&self.redactor);
         options.context = request.context;

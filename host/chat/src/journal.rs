@@ -9,9 +9,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use corral_store::{
-    BeginEffect, BeginEffectOutcome, CheckpointWrite, EffectKind, EffectStatus,
-    EffectTransition, Fence, NewAction, NewCheckpoint, NewEffect, NewEvent, SessionCommit, Store,
-    StoreError,
+    BeginEffect, BeginEffectOutcome, CheckpointWrite, EffectKind, EffectStatus, EffectTransition,
+    Fence, NewAction, NewCheckpoint, NewEffect, NewEvent, SessionCommit, Store, StoreError,
 };
 use serde_json::Value;
 
@@ -149,7 +148,9 @@ impl StoreJournal {
 
     fn existing(effect: &corral_store::Effect) -> Journaled {
         match effect.status {
-            EffectStatus::Completed => Journaled::Completed(effect.result.clone().unwrap_or(Value::Null)),
+            EffectStatus::Completed => {
+                Journaled::Completed(effect.result.clone().unwrap_or(Value::Null))
+            }
             EffectStatus::Pending => Journaled::Pending,
             // Invoking at this point means the process that began it is gone (this run holds
             // the lease): its outcome is unknown.
@@ -311,8 +312,8 @@ impl ConversationStore for StoreJournal {
     }
 
     async fn save_checkpoint(&self, checkpoint: &SuspensionContext) -> Result<(), JournalError> {
-        let data = serde_json::to_value(checkpoint)
-            .map_err(|e| JournalError::Corrupt(e.to_string()))?;
+        let data =
+            serde_json::to_value(checkpoint).map_err(|e| JournalError::Corrupt(e.to_string()))?;
         let mut commit = SessionCommit::new(self.session_id.clone());
         commit.fence = self.fence.clone();
         commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(

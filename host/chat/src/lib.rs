@@ -60,7 +60,7 @@ pub use js_tool::{CloseJavaScriptTool, JavaScriptTool, UseJavaScriptToolError, j
 pub use run::{RUN_JS, check_suspension, direct_tool_name, run, run_js_tool};
 pub use sink::{EventSink, NullSink, RunEvent, RunEventKind, SinkError, VecSink};
 pub use types::{
-    ApprovalPolicy, ConversationItem, Decision, Input, Interaction, ModelLimits, Resume,
-    RunError, RunResult, SuspensionContext, conversation_from_items,
+    ApprovalPolicy, ConversationItem, Decision, Input, Interaction, ModelLimits, Resume, RunError,
+    RunResult, SuspensionContext, conversation_from_items,
 };
 pub use util::{canonical_json, sha256_hex, sha256_json};

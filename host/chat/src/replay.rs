@@ -79,7 +79,9 @@ pub(crate) struct CallJournal {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl CallJournal {
@@ -175,7 +177,9 @@ impl CallJournal {
         if decision.approved {
             Ok(None)
         } else {
-            let capability_id = interaction.capability_id.unwrap_or_else(|| interaction.tool_name.clone());
+            let capability_id = interaction
+                .capability_id
+                .unwrap_or_else(|| interaction.tool_name.clone());
             Ok(Some(CallOutcome::Done(Err(
                 InvokeCapabilityError::PermissionDenied {
                     capability_id,
@@ -208,7 +212,13 @@ impl CallJournal {
         let is_action = action.is_some();
         let journaled = self
             .store
-            .begin(&self.turn_id, effect_id, EffectKind::CapabilityCall, request, action)
+            .begin(
+                &self.turn_id,
+                effect_id,
+                EffectKind::CapabilityCall,
+                request,
+                action,
+            )
             .await?;
         match journaled {
             Journaled::Completed(outcome) => Ok(CallOutcome::Done(outcome_from_json(
@@ -229,7 +239,9 @@ impl CallJournal {
                     self.store.restart(effect_id).await?;
                 }
                 let result = self.inner.invoke(context, invocation).await;
-                self.store.complete(effect_id, outcome_to_json(&result)).await?;
+                self.store
+                    .complete(effect_id, outcome_to_json(&result))
+                    .await?;
                 Ok(CallOutcome::Done(result))
             }
         }
@@ -243,7 +255,9 @@ pub(crate) fn outcome_to_json(result: &Result<ToolResult, InvokeCapabilityError>
         Err(InvokeCapabilityError::PermissionDenied {
             capability_id,
             reason,
-        }) => json!({"error": {"kind": "permission_denied", "capability": capability_id, "message": reason}}),
+        }) => {
+            json!({"error": {"kind": "permission_denied", "capability": capability_id, "message": reason}})
+        }
         Err(InvokeCapabilityError::UnknownCapability { capability_id }) => {
             json!({"error": {"kind": "unknown_capability", "capability": capability_id}})
         }
@@ -343,7 +357,9 @@ impl Backend for ScriptBackend {
             match journal.gate(interaction, step).await {
                 Ok(None) => {}
                 Ok(Some(CallOutcome::Done(result))) => return result,
-                Ok(Some(CallOutcome::Held(reason))) => return Err(journal.hold(reason, &capability_id)),
+                Ok(Some(CallOutcome::Held(reason))) => {
+                    return Err(journal.hold(reason, &capability_id));
+                }
                 Err(error) => {
                     let reason = journal.note_error(error);
                     return Err(journal.hold(reason, &capability_id));
@@ -383,7 +399,9 @@ impl ReplaySchedule {
         let prefix = format!("{tool_id}:b");
         let mut indexed = Vec::new();
         for (id, record) in records {
-            let Some(index) = id.strip_prefix(&prefix).and_then(|i| i.parse::<usize>().ok())
+            let Some(index) = id
+                .strip_prefix(&prefix)
+                .and_then(|i| i.parse::<usize>().ok())
             else {
                 continue;
             };
@@ -396,7 +414,9 @@ impl ReplaySchedule {
         let mut recorded = Vec::new();
         for (expected, (index, calls, fuel)) in indexed.into_iter().enumerate() {
             if expected != index {
-                return Err(format!("batch {expected} of {tool_id} is missing from the journal"));
+                return Err(format!(
+                    "batch {expected} of {tool_id} is missing from the journal"
+                ));
             }
             recorded.push((calls, fuel));
         }

@@ -102,9 +102,7 @@ pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, Run
         tools
     } else {
         if input.executor_factory.is_none() {
-            return Err(RunError::Usage(
-                "JS mode needs an executor factory".into(),
-            ));
+            return Err(RunError::Usage("JS mode needs an executor factory".into()));
         }
         vec![run_js_tool(render_prompt(&input.capabilities)?.text)]
     };
@@ -112,7 +110,9 @@ pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, Run
     if let Some(resume) = &input.resume {
         check_suspension(&resume.suspension, &input)?;
         for (id, decision) in &resume.suspension.decisions {
-            decisions.entry(id.clone()).or_insert_with(|| decision.clone());
+            decisions
+                .entry(id.clone())
+                .or_insert_with(|| decision.clone());
         }
         for pending in &resume.suspension.pending {
             decisions
@@ -218,7 +218,9 @@ fn journal_stop(error: JournalError) -> Result<RunResult, RunError> {
     match error {
         JournalError::Drift { effect_id } => Ok(failed(
             "effect_drift",
-            format!("effect {effect_id} was journaled with a different request: the turn no longer replays the same way"),
+            format!(
+                "effect {effect_id} was journaled with a different request: the turn no longer replays the same way"
+            ),
         )),
         other => Err(RunError::Store(other)),
     }
@@ -452,10 +454,7 @@ impl Turn<'_> {
             self.run_js(step, tool_id, call).await?
         } else {
             Ok((
-                format!(
-                    "unknown tool {}: the only tool is {RUN_JS}",
-                    call.name
-                ),
+                format!("unknown tool {}: the only tool is {RUN_JS}", call.name),
                 true,
                 (0, 0),
             ))
@@ -537,9 +536,12 @@ impl Turn<'_> {
             }
         }
         self.emitter
-            .emit(step, RunEventKind::Suspended {
-                interactions: pending,
-            })
+            .emit(
+                step,
+                RunEventKind::Suspended {
+                    interactions: pending,
+                },
+            )
             .await;
         Ok(RunResult::Suspended { suspension })
     }
@@ -575,10 +577,7 @@ impl Turn<'_> {
                     return self.suspend(step, pending).await.map(Err);
                 }
                 Ok(Some(CallOutcome::Done(rejected))) => {
-                    let reason = rejected
-                        .err()
-                        .map(|e| e.to_string())
-                        .unwrap_or_default();
+                    let reason = rejected.err().map(|e| e.to_string()).unwrap_or_default();
                     return Ok(Ok((
                         format!("The user did not approve running this script ({reason})."),
                         true,
@@ -688,7 +687,11 @@ impl Turn<'_> {
             )));
         }
         if let Err(error) = catalog.validate_input(index, &argument) {
-            let message = self.input.redactor.redact_text(&error.to_string()).into_owned();
+            let message = self
+                .input
+                .redactor
+                .redact_text(&error.to_string())
+                .into_owned();
             return Ok(Ok((message, true, (0, 0))));
         }
         if capability.needs_approval {
@@ -739,7 +742,11 @@ impl Turn<'_> {
                 Ok(Ok((content, false, (0, 1))))
             }
             Ok(CallOutcome::Done(Err(error))) => {
-                let message = self.input.redactor.redact_text(&error.to_string()).into_owned();
+                let message = self
+                    .input
+                    .redactor
+                    .redact_text(&error.to_string())
+                    .into_owned();
                 Ok(Ok((message, true, (0, 1))))
             }
             Ok(CallOutcome::Held(_)) => {
@@ -812,4 +819,3 @@ fn model_outcome(outcome: Value) -> Result<ModelResponse, RunResult> {
         .to_string();
     Err(failed("model_error", message))
 }
-

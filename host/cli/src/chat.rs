@@ -73,7 +73,10 @@ pub struct ChatArgs {
     #[arg(long, default_value_t = 16)]
     max_steps: u32,
     /// Instructions for the model.
-    #[arg(long, default_value = "You are a helpful assistant. Use the run_js tool to act.")]
+    #[arg(
+        long,
+        default_value = "You are a helpful assistant. Use the run_js tool to act."
+    )]
     instructions: String,
 }
 
@@ -210,7 +213,8 @@ impl Chat {
                     .backend_url
                     .as_deref()
                     .ok_or("--catalog needs --backend-url (where the calls go)")?;
-                let backend = WebhookBackend::new(url).map_err(|e| format!("--backend-url: {e}"))?;
+                let backend =
+                    WebhookBackend::new(url).map_err(|e| format!("--backend-url: {e}"))?;
                 (catalog, Arc::new(backend))
             }
             None => (example_catalog(), Arc::new(ExampleBackend)),

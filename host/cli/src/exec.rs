@@ -1,14 +1,20 @@
 //! `corral exec`: run one script in the sandbox and print a JSON report on stdout.
 //!
 //! Exit status: 0 when the script returned, 1 when it failed or hit a limit, 2 for a usage
-//! error (unknown flag, unreadable file, invalid `--user` JSON, invalid catalog).
+//! error (unknown flag, unreadable file, invalid `--user` JSON, invalid catalog, invalid MCP
+//! server declaration, a missing MCP secret).
+//!
+//! MCP servers (`--mcp`, `--mcp-url`, `--mcp-config`) are started before the script runs; their
+//! tools are the catalog (or are added to `--catalog`'s), and they are stopped before exit.
+//! Servers or tools that cannot be used are reported on stderr and left out.
 
 use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use corral_catalog::Catalog;
+use corral_catalog::{Capability, Catalog, Redactor};
+use corral_mcp::{EnvSecretResolver, McpBackend, McpHub, McpHubOptions, McpServerConfig};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{
     Backend, ClockGrant, EntropyGrant, Grants, InvocationContext, RunStats, Sandbox, SandboxConfig,
@@ -17,6 +23,10 @@ use corral_sandbox::{
 use serde_json::{Value, json};
 
 use crate::webhook::WebhookBackend;
+
+// Declared here rather than in main.rs, which this change leaves alone.
+#[path = "mcp_args.rs"]
+mod mcp_args;
 
 /// Arguments of `corral exec`.
 #[derive(Debug, clap::Args)]
@@ -33,6 +43,8 @@ pub struct ExecArgs {
     /// Where calls of `--catalog` capabilities are POSTed as JSON.
     #[arg(long)]
     backend_url: Option<String>,
+    #[command(flatten)]
+    mcp: Box<McpFlags>,
     /// Fuel budget of the script.
     #[arg(long)]
     fuel: Option<u64>,
@@ -59,10 +71,41 @@ pub struct ExecArgs {
     host_entropy: bool,
 }
 
+/// The MCP servers of a run (boxed: they would make every `corral` subcommand as large).
+#[derive(Debug, clap::Args)]
+pub struct McpFlags {
+    /// An MCP server over stdio, `NAME=COMMAND ARG...` (one argument, split into words like a
+    /// shell does); its tools are bound at `tools.NAME.<tool>`. Repeatable.
+    #[arg(long, value_name = "NAME=COMMAND ARG...")]
+    mcp: Vec<String>,
+    /// An MCP server over streamable HTTP, `NAME=URL`. Repeatable.
+    #[arg(long, value_name = "NAME=URL")]
+    mcp_url: Vec<String>,
+    /// A JSON array of MCP server declarations, as in an agent manifest's "mcpServers"
+    /// (env and header values may be {"secretRef": "NAME"}, read from $CORRAL_SECRET_NAME).
+    /// Repeatable.
+    #[arg(long, value_name = "FILE.json")]
+    mcp_config: Vec<PathBuf>,
+    /// Per-call timeout of MCP tools, in milliseconds (default 60000), unless a declaration
+    /// sets its own `callTimeoutMs`.
+    #[arg(long)]
+    mcp_call_timeout_ms: Option<u64>,
+}
+
 /// A usage error: reported on stderr with exit status 2.
 struct Usage(String);
 
 pub fn run(args: ExecArgs) -> ExitCode {
+    if !(args.mcp.mcp.is_empty() && args.mcp.mcp_url.is_empty() && args.mcp.mcp_config.is_empty()) {
+        // MCP servers' stderr and notices go to our stderr (RUST_LOG=corral_mcp=info shows
+        // every stderr line of the servers); stdout stays the one JSON report.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("corral_mcp=warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let prepared = match prepare(args) {
         Ok(prepared) => prepared,
         Err(Usage(message)) => {
@@ -80,7 +123,13 @@ pub fn run(args: ExecArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let (report, ok) = runtime.block_on(execute(prepared));
+    let (report, ok) = match runtime.block_on(execute(prepared)) {
+        Ok(outcome) => outcome,
+        Err(Usage(message)) => {
+            eprintln!("corral exec: {message}");
+            return ExitCode::from(2);
+        }
+    };
     println!("{report}");
     if ok {
         ExitCode::SUCCESS
@@ -91,8 +140,11 @@ pub fn run(args: ExecArgs) -> ExitCode {
 
 struct Prepared {
     source: Result<String, String>,
-    catalog: Catalog,
-    backend: Arc<dyn Backend>,
+    /// The capabilities besides MCP tools (`None`: only MCP tools).
+    catalog: Option<Catalog>,
+    backend: Option<Arc<dyn Backend>>,
+    mcp_servers: Vec<McpServerConfig>,
+    mcp_call_timeout_ms: Option<u64>,
     user: Option<ScriptUser>,
     limits: SessionLimits,
     grants: Grants,
@@ -112,27 +164,33 @@ fn prepare(args: ExecArgs) -> Result<Prepared, Usage> {
     // Text that is not UTF-8 is the script's problem (invalid_input), not a usage error.
     let source = String::from_utf8(bytes).map_err(|e| format!("the script is not UTF-8: {e}"));
 
-    let (catalog, backend): (Catalog, Arc<dyn Backend>) = match (&args.catalog, &args.backend_url) {
-        (None, None) => (example_catalog(), Arc::new(ExampleBackend)),
-        (Some(path), Some(url)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Usage(format!("cannot read {}: {e}", path.display())))?;
-            let catalog = Catalog::from_any_json_str(&text, args.namespace.as_deref())
-                .map_err(|e| Usage(format!("invalid catalog {}: {e}", path.display())))?;
-            let backend = WebhookBackend::new(url).map_err(|e| Usage(format!("{e}")))?;
-            (catalog, Arc::new(backend))
-        }
-        (Some(_), None) => {
-            return Err(Usage(
-                "--catalog needs --backend-url: the URL its calls are POSTed to".into(),
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Usage(
-                "--backend-url needs --catalog: the capabilities it implements".into(),
-            ));
-        }
-    };
+    let mcp_servers =
+        mcp_args::parse_servers(&args.mcp.mcp, &args.mcp.mcp_url, &args.mcp.mcp_config)
+            .map_err(Usage)?;
+    let (catalog, backend): (Option<Catalog>, Option<Arc<dyn Backend>>) =
+        match (&args.catalog, &args.backend_url) {
+            // With MCP servers and no --catalog, their tools are the whole catalog.
+            (None, None) if !mcp_servers.is_empty() => (None, None),
+            (None, None) => (Some(example_catalog()), Some(Arc::new(ExampleBackend))),
+            (Some(path), Some(url)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| Usage(format!("cannot read {}: {e}", path.display())))?;
+                let catalog = Catalog::from_any_json_str(&text, args.namespace.as_deref())
+                    .map_err(|e| Usage(format!("invalid catalog {}: {e}", path.display())))?;
+                let backend = WebhookBackend::new(url).map_err(|e| Usage(format!("{e}")))?;
+                (Some(catalog), Some(Arc::new(backend)))
+            }
+            (Some(_), None) => {
+                return Err(Usage(
+                    "--catalog needs --backend-url: the URL its calls are POSTed to".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(Usage(
+                    "--backend-url needs --catalog: the capabilities it implements".into(),
+                ));
+            }
+        };
 
     let user = args
         .user
@@ -180,14 +238,78 @@ fn prepare(args: ExecArgs) -> Result<Prepared, Usage> {
         source,
         catalog,
         backend,
+        mcp_servers,
+        mcp_call_timeout_ms: args.mcp.mcp_call_timeout_ms,
         user,
         limits,
         grants,
     })
 }
 
+/// The catalog, backend and redaction of the run: the MCP tools (listed now) together with the
+/// other capabilities, whose calls the MCP backend hands on.
+struct Bound {
+    catalog: Catalog,
+    backend: Arc<dyn Backend>,
+    redactor: Redactor,
+}
+
+async fn bind_mcp(prepared: &mut Prepared, hub: &McpHub) -> Result<Bound, Usage> {
+    let others = prepared.catalog.take();
+    let fallback = prepared.backend.take();
+    if prepared.mcp_servers.is_empty() {
+        return match (others, fallback) {
+            (Some(catalog), Some(backend)) => Ok(Bound {
+                catalog,
+                backend,
+                redactor: Redactor::default(),
+            }),
+            _ => Err(Usage("nothing to bind".into())),
+        };
+    }
+    let secrets = hub
+        .secret_values(&prepared.mcp_servers)
+        .map_err(|e| Usage(e.to_string()))?;
+    let redactor =
+        Redactor::new(secrets, Vec::new()).map_err(|e| Usage(format!("MCP secrets: {e}")))?;
+    let listed = hub.catalog(&prepared.mcp_servers).await;
+    for error in &listed.errors {
+        eprintln!("corral exec: MCP: {error}");
+    }
+    let mut capabilities: Vec<Capability> = others
+        .map(|catalog| catalog.capabilities().to_vec())
+        .unwrap_or_default();
+    capabilities.extend(listed.capabilities.iter().cloned());
+    let catalog = Catalog::new(capabilities)
+        .map_err(|e| Usage(format!("the MCP tools do not fit the catalog: {e}")))?;
+    let mut backend = McpBackend::new(&listed);
+    if let Some(fallback) = fallback {
+        backend = backend.with_fallback(fallback);
+    }
+    Ok(Bound {
+        catalog,
+        backend: Arc::new(backend),
+        redactor,
+    })
+}
+
 /// Runs the script; returns the JSON report and whether the script succeeded.
-async fn execute(prepared: Prepared) -> (Value, bool) {
+async fn execute(mut prepared: Prepared) -> Result<(Value, bool), Usage> {
+    let mut options = McpHubOptions::default();
+    if let Some(ms) = prepared.mcp_call_timeout_ms {
+        options.call_timeout = std::time::Duration::from_millis(ms);
+    }
+    let hub = McpHub::new(Arc::new(EnvSecretResolver::default()), options);
+    let bound = bind_mcp(&mut prepared, &hub).await;
+    let outcome = match bound {
+        Ok(bound) => Ok(run_script(prepared, bound).await),
+        Err(usage) => Err(usage),
+    };
+    hub.shutdown().await;
+    outcome
+}
+
+async fn run_script(prepared: Prepared, bound: Bound) -> (Value, bool) {
     let source = match prepared.source {
         Ok(source) => source,
         Err(message) => return (failure("invalid_input", &message), false),
@@ -215,7 +337,8 @@ async fn execute(prepared: Prepared) -> (Value, bool) {
         user: prepared.user,
         limits: prepared.limits,
         grants: prepared.grants,
-        ..SessionOptions::new(Arc::new(prepared.catalog), prepared.backend)
+        redactor: Arc::new(bound.redactor),
+        ..SessionOptions::new(Arc::new(bound.catalog), bound.backend)
     };
     let mut session = match sandbox.session(options).await {
         Ok(session) => session,

@@ -5,21 +5,22 @@
 //! corral-guest-build check --component guest.wasm --wit wit
 //! ```
 //!
-//! `build` pre-initializes the module with Wizer (the QuickJS runtime and the prelude are created
-//! once, here, and land in the snapshot's data segments, so a session starts with a warm engine),
-//! then wraps the snapshot into a component with `wit-component` and the WASI preview1 adapter.
-//! `check` verifies that a component implements exactly the `corral:sandbox` world of `wit/`
-//! (used by CI on the prebuilt artifact shipped for embedders).
+//! `build` links the guest's own WASI preview1 stand-ins in place of its preview1 imports (see
+//! [`link`]), pre-initializes the module with Wizer (the QuickJS runtime and the prelude are
+//! created once, here, and land in the snapshot's data segments, so a session starts with a warm
+//! engine), then wraps the snapshot into a component with `wit-component`; no WASI adapter is
+//! involved. `check` verifies that a component implements exactly the `corral:sandbox` world of
+//! `wit/`, imports nothing else, and declares a maximum on its memory (used by `scripts/test` on
+//! the fresh and the prebuilt guest).
 
 #![forbid(unsafe_code)]
 
+mod link;
+
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use wasmtime::{Engine, Instance, Linker, Module, Store};
-use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::{Deterministic, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
 use wit_parser::{Resolve, WorldItem, WorldKey};
 
@@ -55,16 +56,12 @@ fn flag(args: &[String], name: &str) -> Result<PathBuf> {
 fn build(core_path: &Path, out_path: &Path) -> Result<()> {
     let core = std::fs::read(core_path)
         .with_context(|| format!("reading the guest core module {}", core_path.display()))?;
-    let snapshot = futures::executor::block_on(preinitialize(&core))?;
+    let linked = link::link_preview1_stand_ins(&core)?;
+    let snapshot = futures::executor::block_on(preinitialize(&linked))?;
     let component = wit_component::ComponentEncoder::default()
         .module(&snapshot)
         .context("reading the component metadata of the snapshot")?
         .validate(true)
-        .adapter(
-            "wasi_snapshot_preview1",
-            wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER,
-        )
-        .context("adding the WASI preview1 adapter")?
         .encode()
         .context("encoding the component")?;
     if let Some(parent) = out_path.parent() {
@@ -92,22 +89,14 @@ async fn preinitialize(core: &[u8]) -> Result<Vec<u8>> {
     let module = Module::new(&engine, &instrumented)
         .map_err(anyhow::Error::from)
         .context("compiling the instrumented guest")?;
-    let mut linker: Linker<WasiP1Ctx> = Linker::new(&engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |ctx| ctx)?;
-    // The corral:sandbox host imports must not run during initialization; if they did, the
-    // snapshot would depend on a host, so they trap.
+    let mut linker: Linker<()> = Linker::new(&engine);
+    // The module imports corral:sandbox/host alone (its WASI calls are linked to the guest's
+    // stand-ins), and those imports must not run during initialization: if they did, the
+    // snapshot would depend on a host, so they trap. Time and randomness come from the
+    // stand-ins' defaults before `session.init` (a frozen clock at 0, a fixed seed), so the
+    // snapshot, and so the component, is reproducible.
     linker.define_unknown_imports_as_traps(&module)?;
-    // Nothing is granted while initializing either, except stderr for a panic message. Time and
-    // randomness are fixed so that the snapshot, and so the component, is reproducible.
-    let wasi = WasiCtxBuilder::new()
-        .inherit_stderr()
-        .wall_clock(FixedClock)
-        .monotonic_clock(FixedClock)
-        .secure_random(Deterministic::new(vec![0x5a; 32]))
-        .insecure_random(Deterministic::new(vec![0xa5; 32]))
-        .insecure_random_seed(0)
-        .build_p1();
-    let mut store = Store::new(&engine, wasi);
+    let mut store = Store::new(&engine, ());
     let instance = linker.instantiate(&mut store, &module)?;
     if let Some(init) = instance.get_func(&mut store, "_initialize") {
         init.typed::<(), ()>(&store)?
@@ -124,29 +113,8 @@ async fn preinitialize(core: &[u8]) -> Result<Vec<u8>> {
     Ok(wizer.snapshot(&cx, &mut state).await?)
 }
 
-/// A clock stopped at the Unix epoch.
-struct FixedClock;
-
-impl HostWallClock for FixedClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_millis(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-impl HostMonotonicClock for FixedClock {
-    fn resolution(&self) -> u64 {
-        1_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
 struct Snapshotted {
-    store: Store<WasiP1Ctx>,
+    store: Store<()>,
     instance: Instance,
 }
 
@@ -173,8 +141,13 @@ impl InstanceState for Snapshotted {
     }
 }
 
+/// The most linear memory the guest may declare (its own maximum is set by a linker argument in
+/// `guest/.cargo/config.toml`); hosts rely on a declared maximum to cap the guest.
+const MAX_DECLARED_MEMORY_BYTES: u64 = 1 << 30;
+
 /// Checks that `component` imports and exports exactly the `corral:sandbox` interfaces of the
-/// `sandbox` world in `wit_dir` (WASI imports added by the adapter are listed, not compared).
+/// `sandbox` world in `wit_dir`, nothing else (no WASI), and that every memory it defines
+/// declares a maximum of at most [`MAX_DECLARED_MEMORY_BYTES`].
 fn check(component_path: &Path, wit_dir: &Path) -> Result<()> {
     let bytes = std::fs::read(component_path)
         .with_context(|| format!("reading {}", component_path.display()))?;
@@ -191,13 +164,10 @@ fn check(component_path: &Path, wit_dir: &Path) -> Result<()> {
 
     let expected = world_interfaces(&wit_resolve, wit_world);
     let actual = world_interfaces(&component_resolve, component_world);
-    let (ours, wasi): (Vec<_>, Vec<_>) = actual
-        .iter()
-        .cloned()
-        .partition(|(_, name)| name.starts_with("corral:"));
-    if ours != expected {
+    if actual != expected {
+        let extra: Vec<_> = actual.iter().filter(|i| !expected.contains(i)).collect();
         bail!(
-            "{} does not match the sandbox world in {}:\n  expected {expected:?}\n  found    {ours:?}",
+            "{} does not match the sandbox world in {}:\n  expected {expected:?}\n  found    {actual:?}\n  not in the world: {extra:?}",
             component_path.display(),
             wit_dir.display()
         );
@@ -210,14 +180,40 @@ fn check(component_path: &Path, wit_dir: &Path) -> Result<()> {
             bail!("{direction} {name} differs from wit/:\n  wit/:      {want}\n  component: {got}");
         }
     }
+    let memories = check_memories(&bytes)?;
     println!(
-        "ok: {} implements corral:sandbox/sandbox",
+        "ok: {} implements corral:sandbox/sandbox, imports nothing else, memory maximum {memories}",
         component_path.display()
     );
-    for (direction, name) in wasi {
-        println!("  also {direction}s {name} (WASI, through the preview1 adapter)");
-    }
     Ok(())
+}
+
+/// Fails unless every memory defined in the component's core modules has a maximum of at most
+/// [`MAX_DECLARED_MEMORY_BYTES`]; returns the maxima, for the report.
+fn check_memories(component: &[u8]) -> Result<String> {
+    let mut maxima = Vec::new();
+    for payload in wasmparser::Parser::new(0).parse_all(component) {
+        if let wasmparser::Payload::MemorySection(section) = payload? {
+            for memory in section {
+                let memory = memory?;
+                let page = 1u64 << memory.page_size_log2.unwrap_or(16);
+                let Some(maximum) = memory.maximum else {
+                    bail!("a memory of the component declares no maximum, so hosts cannot cap it");
+                };
+                let bytes = maximum.saturating_mul(page);
+                if bytes > MAX_DECLARED_MEMORY_BYTES {
+                    bail!(
+                        "a memory of the component declares a maximum of {bytes} bytes, over {MAX_DECLARED_MEMORY_BYTES}"
+                    );
+                }
+                maxima.push(format!("{} MiB", bytes >> 20));
+            }
+        }
+    }
+    if maxima.is_empty() {
+        bail!("the component defines no memory");
+    }
+    Ok(maxima.join(", "))
 }
 
 fn world_interfaces(resolve: &Resolve, world: wit_parser::WorldId) -> Vec<(&'static str, String)> {

@@ -112,6 +112,17 @@ pub enum InvokeCapabilityError {
         /// The capability asked for.
         capability_id: String,
     },
+    /// The call does not complete in this run: the host holds it (it waits for a person's
+    /// approval or an external executor). A held call is never delivered to the script; when
+    /// the script has nothing left to wait on but held calls, it ends with
+    /// [`crate::ExecError::Suspended`] listing them.
+    #[error("{capability_id} is held: {reason}")]
+    Held {
+        /// The capability called.
+        capability_id: String,
+        /// Why the call is held, in words safe to show.
+        reason: String,
+    },
     /// The capability ran and failed.
     #[error("{capability_id} failed: {message}")]
     Failed {

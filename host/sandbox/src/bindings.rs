@@ -3,11 +3,9 @@
 wasmtime::component::bindgen!({
     world: "sandbox",
     path: "../../wit",
-    imports: {
-        // The only import that waits: it suspends the guest until calls complete.
-        "corral:sandbox/host.wait-completions": async | trappable,
-        // Limits (total calls, log size) trap from the other imports.
-        default: trappable,
-    },
+    // Imports are plain synchronous functions (the guest never waits inside one: it returns
+    // `waiting` instead); limits (total calls, log size) trap from them.
+    imports: { default: trappable },
+    // Exports are async because fuel and epochs make long guest work yield to the runtime.
     exports: { default: async },
 });

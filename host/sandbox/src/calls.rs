@@ -1,5 +1,6 @@
 //! The host's table of a script's capability calls: started calls are validated, queued behind
-//! the concurrency bound, run as tokio tasks, redacted, and handed back as completions.
+//! the concurrency bound, run as tokio tasks, redacted, and handed back as completions (or held,
+//! when the backend holds them).
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -14,6 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::backend::{Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult};
 use crate::bindings::corral::sandbox::types::{CallError, CallValue, Completion};
+use crate::schedule::HeldCall;
 
 /// Everything a call needs besides its own input; shared by all calls of a session.
 pub(crate) struct CallEnvironment {
@@ -66,8 +68,11 @@ async fn run_call(
 pub(crate) struct CallTable {
     running: JoinSet<FinishedCall>,
     queued: VecDeque<QueuedCall>,
-    /// Completions ready to hand to the guest (validation failures, finished calls).
+    /// Completions ready to hand to the guest (validation failures, finished calls), in the
+    /// order they finished.
     ready: Vec<Completion>,
+    /// Calls the backend holds: they never complete in this run.
+    held: Vec<HeldCall>,
     /// Calls started by the current script.
     pub(crate) started: u32,
     /// Most calls that were in flight at once during the current script.
@@ -81,6 +86,7 @@ impl CallTable {
             running: JoinSet::new(),
             queued: VecDeque::new(),
             ready: Vec::new(),
+            held: Vec::new(),
             started: 0,
             peak_in_flight: 0,
             max_concurrent: max_concurrent.max(1) as usize,
@@ -94,18 +100,68 @@ impl CallTable {
         self.running = JoinSet::new();
         self.queued.clear();
         self.ready.clear();
+        self.held.clear();
         self.started = 0;
         self.peak_in_flight = 0;
     }
 
-    /// Hands over the completions that are ready without waiting, if any.
-    pub(crate) fn take_ready(&mut self) -> Option<Vec<Completion>> {
-        (!self.ready.is_empty()).then(|| std::mem::take(&mut self.ready))
+    /// The call ids whose completions are ready, in the order they finished.
+    pub(crate) fn ready_ids(&self) -> Vec<u32> {
+        self.ready.iter().map(|c| c.call_id).collect()
     }
 
-    /// Whether anything is still owed to the guest.
+    /// Takes the completions of `ids`, in that order. Fails (taking nothing) when an id is not
+    /// ready or appears twice.
+    pub(crate) fn take_batch(&mut self, ids: &[u32]) -> Result<Vec<Completion>, String> {
+        for (i, id) in ids.iter().enumerate() {
+            if ids[..i].contains(id) {
+                return Err(format!("the batch names call {id} twice"));
+            }
+            if !self.ready.iter().any(|c| c.call_id == *id) {
+                return Err(format!(
+                    "the batch names call {id}, which is not ready (ready: {:?})",
+                    self.ready_ids()
+                ));
+            }
+        }
+        let mut batch = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(position) = self.ready.iter().position(|c| c.call_id == *id) {
+                batch.push(self.ready.remove(position));
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Whether a call is running or queued, so that more completions can still become ready.
+    pub(crate) fn has_running(&self) -> bool {
+        !self.running.is_empty() || !self.queued.is_empty()
+    }
+
+    /// Whether nothing at all is owed to the guest (nothing running, queued, ready or held).
     pub(crate) fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.queued.is_empty() && self.ready.is_empty()
+        !self.has_running() && self.ready.is_empty() && self.held.is_empty()
+    }
+
+    /// The calls the backend holds, taken out of the table.
+    pub(crate) fn take_held(&mut self) -> Vec<HeldCall> {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Collects the calls that have finished, without waiting.
+    pub(crate) fn collect_finished(&mut self, env: &CallEnvironment) {
+        while let Some(finished) = self.running.try_join_next() {
+            self.finish(env, finished);
+        }
+    }
+
+    /// Waits until one running call finishes, then collects any others that finished too.
+    /// Returns at once when no call is running.
+    pub(crate) async fn wait_finished(&mut self, env: &CallEnvironment) {
+        if let Some(finished) = self.running.join_next().await {
+            self.finish(env, finished);
+        }
+        self.collect_finished(env);
     }
 
     /// Registers a call the guest started. Input that fails the capability's schema completes
@@ -178,31 +234,12 @@ impl CallTable {
             ));
             let mut context = std::task::Context::from_waker(std::task::Waker::noop());
             match call.as_mut().poll(&mut context) {
-                std::task::Poll::Ready(finished) => {
-                    let completion = completion(env, finished);
-                    self.ready.push(completion);
-                }
+                std::task::Poll::Ready(finished) => self.settle(env, finished),
                 std::task::Poll::Pending => {
                     self.running.spawn(call);
                 }
             }
         }
-    }
-
-    /// Waits until at least one completion is ready and returns all that are. `None` means
-    /// nothing is owed (the guest waited without a pending call).
-    pub(crate) async fn next_completions(
-        &mut self,
-        env: &CallEnvironment,
-    ) -> Option<Vec<Completion>> {
-        if self.ready.is_empty() {
-            let finished = self.running.join_next().await?;
-            self.finish(env, finished);
-        }
-        while let Some(finished) = self.running.try_join_next() {
-            self.finish(env, finished);
-        }
-        Some(std::mem::take(&mut self.ready))
     }
 
     fn finish(
@@ -215,9 +252,27 @@ impl CallTable {
         let Ok(call) = finished else {
             return;
         };
+        self.settle(env, call);
+        self.pump(env);
+    }
+
+    /// Files a finished call: held by the backend, or ready for the guest.
+    fn settle(&mut self, env: &CallEnvironment, call: FinishedCall) {
+        if let Err(InvokeCapabilityError::Held {
+            capability_id,
+            reason,
+        }) = &call.result
+        {
+            self.held.push(HeldCall {
+                call_id: call.call_id,
+                tool_call_id: call.tool_call_id.clone(),
+                capability_id: capability_id.clone(),
+                reason: reason.clone(),
+            });
+            return;
+        }
         let completion = completion(env, call);
         self.ready.push(completion);
-        self.pump(env);
     }
 }
 
@@ -251,7 +306,12 @@ fn completion(env: &CallEnvironment, call: FinishedCall) -> Completion {
             })
         }
         Err(error) => Err(CallError {
-            name: "CapabilityError".into(),
+            // A refusal by the host's authorization (or a person's rejection of a gated call)
+            // is its own kind of error, so scripts can tell it from a failed capability.
+            name: match &error {
+                InvokeCapabilityError::PermissionDenied { .. } => "PermissionDenied".into(),
+                _ => "CapabilityError".into(),
+            },
             message: env.redactor.redact_text(&error.to_string()).into_owned(),
             tool_call_id: call.tool_call_id.clone(),
         }),

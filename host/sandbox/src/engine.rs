@@ -17,8 +17,8 @@ const EMBEDDED_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corral-g
 /// Digest of [`EMBEDDED_GUEST`], computed at build time.
 const EMBEDDED_GUEST_DIGEST: &str = env!("CORRAL_GUEST_DIGEST");
 
-/// Core wasm instances and memories one session's component needs (the guest, the WASI
-/// adapter and the small shim modules `wit-component` generates), with headroom.
+/// Core wasm instances and memories one session's component needs (the guest and the small shim
+/// modules `wit-component` generates), with headroom.
 const CORE_INSTANCES_PER_SESSION: u32 = 12;
 const MEMORIES_PER_SESSION: u32 = 2;
 const TABLES_PER_SESSION: u32 = 4;
@@ -36,7 +36,8 @@ pub struct SandboxConfig {
     /// Sessions that may be alive at once (slots in the pooling allocator).
     pub max_sessions: u32,
     /// Largest linear memory any session may be given, in bytes; per-session caps are
-    /// [`crate::SessionLimits::memory_bytes`], up to this.
+    /// [`crate::SessionLimits::memory_bytes`], up to this. At most [`GUEST_MAX_MEMORY_BYTES`]
+    /// (1 GiB, the default).
     pub max_memory_bytes: u64,
     /// The wasm stack available to a script. QuickJS recurses on the native stack for every
     /// JavaScript call, so this bounds JavaScript recursion depth (the 2 MiB default allows
@@ -72,6 +73,12 @@ fn default_cache_dir() -> Option<PathBuf> {
     }
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/corral"))
 }
+
+/// The maximum the guest's linear memory declares (`guest/.cargo/config.toml`), and so the
+/// largest [`SandboxConfig::max_memory_bytes`]: the resource limiter must trap at a session's cap
+/// before the guest's own maximum makes growth fail quietly (which QuickJS would turn into a
+/// catchable exception).
+pub const GUEST_MAX_MEMORY_BYTES: u64 = 1 << 30;
 
 /// Largest [`SandboxConfig::max_stack_bytes`]: the guest reserves 4 MiB of linear memory for its
 /// shadow stack, and deep recursion was measured to exhaust it before 12 MiB of wasm stack, but
@@ -158,6 +165,12 @@ impl Sandbox {
                 config.max_stack_bytes
             )));
         }
+        if config.max_memory_bytes > GUEST_MAX_MEMORY_BYTES {
+            return Err(LoadGuestError::InvalidConfig(format!(
+                "max_memory_bytes must be at most {GUEST_MAX_MEMORY_BYTES} (the maximum the guest's memory declares), not {}",
+                config.max_memory_bytes
+            )));
+        }
         if config.max_sessions == 0 {
             return Err(LoadGuestError::InvalidConfig(
                 "max_sessions must be at least 1".into(),
@@ -166,8 +179,6 @@ impl Sandbox {
         let engine = Engine::new(&engine_config(&config)).map_err(LoadGuestError::Engine)?;
         let (component, compiled_from) = compile_cached(&engine, &config, guest, digest)?;
         let mut linker = Linker::<SessionData>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(LoadGuestError::InvalidGuest)?;
         crate::bindings::Sandbox::add_to_linker::<_, HasSelf<SessionData>>(&mut linker, |data| {
             data
         })

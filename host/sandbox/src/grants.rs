@@ -1,12 +1,12 @@
-//! What ambient authority reaches the guest. By default nothing does: no files, no network, no
-//! environment variables, no arguments, stdio discarded, a wall clock frozen at a fixed instant
-//! and randomness from a fixed seed, so a script's behaviour (and its fuel) is reproducible.
-//! Each grant here opens one door explicitly.
-
-use std::time::Duration;
+//! What ambient authority reaches the guest. By default nothing does: the component imports
+//! nothing but `corral:sandbox/host` (no files, network, environment or stdio exist for it at
+//! all), its wall clock is frozen at a fixed instant and its randomness comes from a fixed seed,
+//! so a script's behaviour (and its fuel) is reproducible. Each grant here opens one door
+//! explicitly, through the session config and `host.now-ms`.
 
 use serde::{Deserialize, Serialize};
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
+
+use crate::bindings::corral::sandbox::types::Clock;
 
 /// Explicit grants of ambient authority to a session's guest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,7 +14,7 @@ use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
 pub struct Grants {
     /// What `Date.now()` and `new Date()` see.
     pub clock: ClockGrant,
-    /// Where `Math.random()` and the guest's WASI randomness come from.
+    /// Where `Math.random()` and the guest's other randomness come from.
     pub entropy: EntropyGrant,
 }
 
@@ -28,7 +28,7 @@ pub enum ClockGrant {
         /// Milliseconds since the Unix epoch.
         unix_ms: u64,
     },
-    /// The host's real wall clock and monotonic clock.
+    /// The host's real wall clock, read through `host.now-ms` whenever the script asks.
     Real,
 }
 
@@ -58,62 +58,37 @@ impl Default for EntropyGrant {
 }
 
 impl Grants {
-    /// The seed for the guest's `Math.random`.
+    /// The seed for the guest's `Math.random` and its other randomness.
     pub(crate) fn random_seed(&self) -> u64 {
         match self.entropy {
             EntropyGrant::Seeded { seed } => seed,
+            // The standard library keys every `RandomState` from the operating system's
+            // randomness (and makes each one distinct), which is all a seed for `Math.random`
+            // needs; it is not a cryptographic source, and the guest offers none.
             EntropyGrant::Host => {
-                let mut bytes = [0u8; 8];
-                wasmtime_wasi::Rng::fill_bytes(&mut *wasmtime_wasi::thread_rng(), &mut bytes);
-                u64::from_le_bytes(bytes)
+                use std::hash::BuildHasher as _;
+                std::collections::hash_map::RandomState::new()
+                    .hash_one(std::time::SystemTime::now())
             }
         }
     }
 
-    /// A WASI context granting exactly what these grants say and nothing else.
-    pub(crate) fn wasi_context(&self, mut builder: WasiCtxBuilder) -> WasiCtx {
-        if let ClockGrant::Frozen { unix_ms } = self.clock {
-            builder
-                .wall_clock(FrozenClock(Duration::from_millis(unix_ms)))
-                .monotonic_clock(FrozenClock(Duration::ZERO));
+    /// The clock as the session config gives it to the guest.
+    pub(crate) fn guest_clock(&self) -> Clock {
+        match self.clock {
+            ClockGrant::Frozen { unix_ms } => Clock::Frozen(unix_ms),
+            ClockGrant::Real => Clock::Host,
         }
-        if let EntropyGrant::Seeded { seed } = self.entropy {
-            let bytes: Vec<u8> = (0..4u64)
-                .flat_map(|i| splitmix(seed.wrapping_add(i)).to_le_bytes())
-                .collect();
-            builder
-                .secure_random(wasmtime_wasi::Deterministic::new(bytes.clone()))
-                .insecure_random(wasmtime_wasi::Deterministic::new(bytes))
-                .insecure_random_seed(u128::from(seed));
+    }
+
+    /// What `host.now-ms` answers: the real time when granted, else the frozen instant (a guest
+    /// without the grant never asks, but if it did it would learn nothing).
+    pub(crate) fn now_ms(&self) -> u64 {
+        match self.clock {
+            ClockGrant::Frozen { unix_ms } => unix_ms,
+            ClockGrant::Real => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         }
-        builder.build()
-    }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// A clock that never moves.
-struct FrozenClock(Duration);
-
-impl HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_millis(1)
-    }
-    fn now(&self) -> Duration {
-        self.0
-    }
-}
-
-impl HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000
-    }
-    fn now(&self) -> u64 {
-        u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
     }
 }

@@ -57,6 +57,13 @@
 //!   log sizes, all enforced outside the realm; each produces [`ExecError::LimitExceeded`]
 //!   naming the limit and how many calls had started.
 //! - [`Grants`]: the ambient authority the guest gets. None by default.
+//! - The resumable world: the guest returns `waiting` when a script only waits on calls, and
+//!   the session hands it the next *batch* of completions. A [`CompletionSchedule`] given to
+//!   [`ExecutorSession::run_scheduled`] chooses each batch ([`DeliverReady`], the default,
+//!   delivers everything ready), so a host can record a script's batches and replay it exactly
+//!   (same calls, same value, same fuel). A backend may hold a call
+//!   ([`InvokeCapabilityError::Held`], for approval): when only held calls are left, the script
+//!   ends with [`ExecError::Suspended`] listing them.
 //! - [`ScriptReport`]: the value or error, the logs and the [`RunStats`] (fuel, wall time, peak
 //!   memory, calls) of every run, on every path.
 
@@ -71,14 +78,18 @@ pub mod examples;
 mod grants;
 mod json;
 mod limits;
+mod schedule;
 mod session;
 
 pub use backend::{
     AttachmentRef, Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult,
 };
-pub use engine::{CompiledFrom, LoadGuestError, MAX_STACK_BYTES, Sandbox, SandboxConfig};
+pub use engine::{
+    CompiledFrom, GUEST_MAX_MEMORY_BYTES, LoadGuestError, MAX_STACK_BYTES, Sandbox, SandboxConfig,
+};
 pub use grants::{ClockGrant, EntropyGrant, Grants};
 pub use limits::{Limit, SessionLimits};
+pub use schedule::{CompletionSchedule, DeliverReady, HeldCall, ScheduleError};
 pub use session::{
     CreateSessionError, ExecError, ExecutorSession, LogRecord, RunStats, ScriptError, ScriptReport,
     ScriptUser, SessionOptions,

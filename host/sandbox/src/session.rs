@@ -7,16 +7,17 @@ use std::time::{Duration, Instant};
 use corral_catalog::{Catalog, Redactor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::backend::{Backend, InvocationContext};
-use crate::bindings::corral::sandbox::types::{Binding, Completion, LogLevel, SessionConfig, User};
+use crate::bindings::corral::sandbox::types::{
+    Binding, LogLevel, RunState, ScriptError as GuestScriptError, SessionConfig, User,
+};
 use crate::calls::{CallEnvironment, CallTable};
 use crate::engine::Sandbox;
 use crate::grants::Grants;
 use crate::limits::{Limit, LimitTrap, MemoryLimiter, SessionLimits};
+use crate::schedule::{CompletionSchedule, DeliverReady, HeldCall, ScheduleError};
 
 /// Everything a session is created with.
 pub struct SessionOptions {
@@ -194,6 +195,22 @@ pub enum ExecError {
         /// What exactly was exceeded.
         detail: String,
     },
+    /// The [`CompletionSchedule`] refused to go on, or chose a batch that cannot be delivered
+    /// (a call that is not ready, or nothing while nothing else can become ready): on replay,
+    /// the script took another path than the one recorded. The session is discarded.
+    #[error("the completion schedule stopped the script: {0}")]
+    Schedule(ScheduleError),
+    /// The script has nothing left to wait on but calls the host holds
+    /// ([`crate::InvokeCapabilityError::Held`]); it cannot finish in this run. Calls that were
+    /// running finished and were delivered first. The session is discarded: a host resumes the
+    /// work by replaying the script in a new session once the held calls have outcomes.
+    #[error("the script is suspended on {} held call(s) ({calls_started} calls had started)", .held.len())]
+    Suspended {
+        /// The held calls, in the order they were held.
+        held: Vec<HeldCall>,
+        /// How many capability calls the script had started.
+        calls_started: u32,
+    },
     /// The script was not run: it is too large or not valid text.
     #[error("invalid script: {0}")]
     InvalidScript(String),
@@ -212,7 +229,8 @@ pub enum ExecError {
 impl ExecError {
     /// The stable, machine-readable kind used by `corral exec` and the API: `script_error`,
     /// `capability_error` and `invalid_input` for script errors (by the error's name), the
-    /// limit's kind for limits, `invalid_input` for rejected scripts, `internal_error` otherwise.
+    /// limit's kind for limits, `invalid_input` for rejected scripts, `replay_drift` for a
+    /// schedule that stopped the script, `suspended` for held calls, `internal_error` otherwise.
     pub fn kind(&self) -> &'static str {
         match self {
             ExecError::Script(error) => match error.name.as_str() {
@@ -222,12 +240,15 @@ impl ExecError {
             },
             ExecError::LimitExceeded { limit, .. } => limit.kind(),
             ExecError::InvalidScript(_) => "invalid_input",
+            ExecError::Schedule(_) => "replay_drift",
+            ExecError::Suspended { .. } => "suspended",
             ExecError::SessionDiscarded(_) => "session_discarded",
             ExecError::GuestTrap(_) | ExecError::Host(_) => "internal_error",
         }
     }
 
-    /// `{"kind", "message", ...}` with the details of script errors and limits.
+    /// `{"kind", "message", ...}` with the details of script errors, limits (`limit`,
+    /// `calls_started`) and suspensions (`held`, `calls_started`).
     pub fn to_json(&self) -> Value {
         let mut error = serde_json::Map::new();
         error.insert("kind".into(), Value::from(self.kind()));
@@ -254,6 +275,17 @@ impl ExecError {
                 error.insert(
                     "limit".into(),
                     serde_json::to_value(limit).unwrap_or(Value::Null),
+                );
+                error.insert("calls_started".into(), Value::from(*calls_started));
+            }
+            ExecError::Suspended {
+                held,
+                calls_started,
+            } => {
+                error.insert("message".into(), Value::from(self.to_string()));
+                error.insert(
+                    "held".into(),
+                    serde_json::to_value(held).unwrap_or(Value::Null),
                 );
                 error.insert("calls_started".into(), Value::from(*calls_started));
             }
@@ -285,8 +317,7 @@ pub enum CreateSessionError {
 
 /// The store data of one session.
 pub(crate) struct SessionData {
-    wasi: WasiCtx,
-    table: ResourceTable,
+    grants: Grants,
     memory: MemoryLimiter,
     calls: CallTable,
     env: CallEnvironment,
@@ -296,15 +327,6 @@ pub(crate) struct SessionData {
     script_id: String,
     logs: Vec<LogRecord>,
     log_bytes: u64,
-}
-
-impl WasiView for SessionData {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
 }
 
 /// A guest instance that runs scripts one after another; `globalThis` carries over between
@@ -361,10 +383,10 @@ impl Sandbox {
                 display_name: u.display_name,
             }),
             random_seed: options.grants.random_seed(),
+            clock: options.grants.guest_clock(),
         };
         let data = SessionData {
-            wasi: options.grants.wasi_context(WasiCtxBuilder::new()),
-            table: ResourceTable::new(),
+            grants: options.grants,
             memory: MemoryLimiter {
                 limit_bytes: limits.memory_bytes,
                 peak_bytes: 0,
@@ -442,8 +464,19 @@ impl ExecutorSession {
     }
 
     /// Runs one script, the body of an async function. Never panics and never leaves the
-    /// session half-run: every path returns a report with logs and costs.
+    /// session half-run: every path returns a report with logs and costs. Delivers every
+    /// completion as soon as it is ready ([`DeliverReady`]).
     pub async fn run(&mut self, source: &str) -> ScriptReport {
+        self.run_scheduled(source, &mut DeliverReady).await
+    }
+
+    /// Runs one script like [`ExecutorSession::run`], with `schedule` choosing which ready
+    /// completions reach the guest in each batch (to record a run's batches, or replay them).
+    pub async fn run_scheduled(
+        &mut self,
+        source: &str,
+        schedule: &mut dyn CompletionSchedule,
+    ) -> ScriptReport {
         let started = Instant::now();
         let script_id = format!("{}:{}", self.id(), self.scripts_run);
         self.scripts_run += 1;
@@ -480,9 +513,9 @@ impl ExecutorSession {
         let fuel_before = if config.fuel {
             // Setting fuel cannot fail when fuel is enabled.
             let _ = self.store.set_fuel(limits.fuel);
-            limits.fuel
+            Some(limits.fuel)
         } else {
-            0
+            None
         };
         let _deadline = config.epochs.then(|| {
             self.store.set_epoch_deadline(1);
@@ -492,18 +525,10 @@ impl ExecutorSession {
         // If this future is dropped mid-run (the caller was cancelled), the guest stops at an
         // arbitrary point; the session must not run anything after that.
         self.discarded = Some("an earlier run was cancelled before it finished".into());
-        let result = self
-            .guest
-            .corral_sandbox_session()
-            .call_run(&mut self.store, source)
-            .await;
+        let result = self.drive(source, schedule, fuel_before).await;
         self.discarded = None;
 
-        let fuel = if config.fuel {
-            fuel_before.saturating_sub(self.store.get_fuel().unwrap_or(0))
-        } else {
-            0
-        };
+        let fuel = fuel_consumed(&self.store, fuel_before);
         let data = self.store.data_mut();
         let calls_started = data.calls.started;
         let stats = RunStats {
@@ -542,7 +567,12 @@ impl ExecutorSession {
                 line: error.line,
                 column: error.column,
             })),
-            Err(trap) => Err(classify_trap(&trap, calls_started)),
+            Err(Stopped::Trap(trap)) => Err(classify_trap(&trap, calls_started)),
+            Err(Stopped::Schedule(error)) => Err(ExecError::Schedule(error)),
+            Err(Stopped::Suspended(held)) => Err(ExecError::Suspended {
+                held,
+                calls_started,
+            }),
         };
         if let Err(error) = &outcome
             && !matches!(error, ExecError::Script(_))
@@ -558,6 +588,90 @@ impl ExecutorSession {
 
     /// Ends the session, cancelling calls still running. Dropping it does the same.
     pub fn close(self) {}
+
+    /// The host's side of the resumable world: `run`, then while the guest is `waiting`, the
+    /// next batch of completions (chosen by `schedule` among the ready ones, waiting for calls
+    /// to finish under the deadline) goes to `resume`.
+    async fn drive(
+        &mut self,
+        source: &str,
+        schedule: &mut dyn CompletionSchedule,
+        fuel_before: Option<u64>,
+    ) -> Result<Result<Option<String>, GuestScriptError>, Stopped> {
+        let session = self.guest.corral_sandbox_session();
+        let mut state = session
+            .call_run(&mut self.store, source)
+            .await
+            .map_err(Stopped::Trap)?;
+        let mut wait_index = 0u32;
+        loop {
+            match state {
+                RunState::Done(result) => return Ok(result),
+                RunState::Waiting => {}
+            }
+            let batch = loop {
+                let fuel = fuel_consumed(&self.store, fuel_before);
+                let data = self.store.data_mut();
+                data.calls.collect_finished(&data.env);
+                if data.calls.is_idle() {
+                    return Err(Stopped::Trap(wasmtime::Error::msg(
+                        "the guest waited for completions with no call pending",
+                    )));
+                }
+                let ready = data.calls.ready_ids();
+                let ids = schedule
+                    .next_batch(wait_index, &ready, fuel)
+                    .map_err(Stopped::Schedule)?;
+                if !ids.is_empty() {
+                    break data
+                        .calls
+                        .take_batch(&ids)
+                        .map_err(|e| Stopped::Schedule(ScheduleError(e)))?;
+                }
+                if !data.calls.has_running() {
+                    let held = data.calls.take_held();
+                    if held.is_empty() {
+                        return Err(Stopped::Schedule(ScheduleError(format!(
+                            "the schedule delivered nothing at wait {wait_index} while nothing else can become ready (ready: {ready:?})"
+                        ))));
+                    }
+                    return Err(Stopped::Suspended(held));
+                }
+                let deadline = tokio::time::Instant::from_std(data.deadline);
+                if tokio::time::timeout_at(deadline, data.calls.wait_finished(&data.env))
+                    .await
+                    .is_err()
+                {
+                    return Err(Stopped::Trap(LimitTrap::error(
+                        Limit::Deadline,
+                        "the script's deadline passed while it waited on capability calls",
+                    )));
+                }
+            };
+            wait_index += 1;
+            state = session
+                .call_resume(&mut self.store, &batch)
+                .await
+                .map_err(Stopped::Trap)?;
+        }
+    }
+}
+
+/// Why [`ExecutorSession::drive`] stopped before the script finished.
+enum Stopped {
+    /// The guest trapped, a host function hit a limit, or the deadline passed while waiting.
+    Trap(wasmtime::Error),
+    /// The schedule refused to go on.
+    Schedule(ScheduleError),
+    /// Only held calls were left to wait on.
+    Suspended(Vec<HeldCall>),
+}
+
+/// Fuel the current script has used so far (0 without fuel metering).
+fn fuel_consumed(store: &Store<SessionData>, fuel_before: Option<u64>) -> u64 {
+    fuel_before.map_or(0, |before| {
+        before.saturating_sub(store.get_fuel().unwrap_or(0))
+    })
 }
 
 /// Turns a trap into the limit that caused it, if any.
@@ -624,27 +738,8 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
         Ok(())
     }
 
-    async fn wait_completions(&mut self) -> wasmtime::Result<Vec<Completion>> {
-        if self.calls.is_idle() {
-            return Err(wasmtime::Error::msg(
-                "the guest waited for completions with no call pending",
-            ));
-        }
-        // Calls that completed inline need no timer.
-        if let Some(completions) = self.calls.take_ready() {
-            return Ok(completions);
-        }
-        let deadline = tokio::time::Instant::from_std(self.deadline);
-        match tokio::time::timeout_at(deadline, self.calls.next_completions(&self.env)).await {
-            Ok(Some(completions)) => Ok(completions),
-            Ok(None) => Err(wasmtime::Error::msg(
-                "the guest waited for completions with no call pending",
-            )),
-            Err(_) => Err(LimitTrap::error(
-                Limit::Deadline,
-                "the script's deadline passed while it waited on capability calls",
-            )),
-        }
+    fn now_ms(&mut self) -> wasmtime::Result<u64> {
+        Ok(self.grants.now_ms())
     }
 
     fn log(

@@ -114,7 +114,9 @@ pub fn manifest_capabilities(
                 backend.route(id.clone(), Arc::clone(&builtin));
             }
             "webhook" => {
-                let url = webhook.and_then(|u| u.as_str().map(str::to_string)).unwrap_or_default();
+                let url = webhook
+                    .and_then(|u| u.as_str().map(str::to_string))
+                    .unwrap_or_default();
                 let webhook = WebhookBackend::new(&url).map_err(|e| format!("{id}: {e}"))?;
                 backend.route(id.clone(), Arc::new(webhook));
             }
@@ -210,7 +212,8 @@ impl TurnRunner for ChatTurnRunner {
             .fingerprint
             .as_deref()
             .is_some_and(|taken| taken != fingerprint);
-        if suspended_elsewhere || (!checkpoint.pending.is_empty() && checkpoint.fingerprint.is_none())
+        if suspended_elsewhere
+            || (!checkpoint.pending.is_empty() && checkpoint.fingerprint.is_none())
         {
             return failed(
                 "incompatible_checkpoint",
@@ -231,8 +234,7 @@ impl TurnRunner for ChatTurnRunner {
                 )
             })
             .collect();
-        let factory =
-            SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest));
+        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest));
         let input = Input {
             model,
             limits: ModelLimits::default(),

@@ -54,13 +54,23 @@ async fn a_turn_runs_two_calls_concurrently_in_one_script() {
     let mut input = parts.input(&store, "turn-1", "sleep twice");
     input.auto_confirm = true;
     let started = Instant::now();
-    let RunResult::Completed { text, steps, items, .. } = run_ok(input).await else {
+    let RunResult::Completed {
+        text, steps, items, ..
+    } = run_ok(input).await
+    else {
         panic!("not completed")
     };
     assert_eq!(text, "slept 300 in all");
     assert_eq!(steps, 2);
-    assert_eq!(parts.backend.peak_in_flight.load(Ordering::SeqCst), 2, "both calls were in flight at once");
-    assert!(started.elapsed() < Duration::from_millis(290), "the sleeps overlapped");
+    assert_eq!(
+        parts.backend.peak_in_flight.load(Ordering::SeqCst),
+        2,
+        "both calls were in flight at once"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(290),
+        "the sleeps overlapped"
+    );
     let (content, is_error) = last_tool_message(&parts.model.requests());
     assert!(!is_error, "{content}");
     assert!(content.contains("\"value\":300"), "{content}");
@@ -68,13 +78,26 @@ async fn a_turn_runs_two_calls_concurrently_in_one_script() {
     assert_eq!(items.len(), 4);
     let events = parts.sink.events();
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
-    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "events are numbered in order");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "events are numbered in order"
+    );
     assert_eq!(count_events(&events, "tool.started"), 1);
     assert_eq!(count_events(&events, "tool.finished"), 1);
     // Auto-confirmed approvals are journaled and announced like a person's.
     assert_eq!(count_events(&events, "permission.requested"), 1);
-    assert!(events.iter().any(|e| matches!(&e.kind, RunEventKind::PermissionResolved { approved: true, auto: true, .. })));
-    assert!(count_events(&events, "text.delta") > 0, "text streamed as deltas");
+    assert!(events.iter().any(|e| matches!(
+        &e.kind,
+        RunEventKind::PermissionResolved {
+            approved: true,
+            auto: true,
+            ..
+        }
+    )));
+    assert!(
+        count_events(&events, "text.delta") > 0,
+        "text streamed as deltas"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,19 +108,28 @@ async fn a_suspended_turn_resumes_in_a_new_runtime_without_running_anything_twic
     let suspension = {
         let store = open_store(dir.path()).await;
         let parts = Parts::new(replies.clone());
-        let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "echo")).await else {
+        let RunResult::Suspended { suspension } =
+            run_ok(parts.input(&store, "turn-1", "echo")).await
+        else {
             panic!("not suspended")
         };
         assert_eq!(suspension.pending.len(), 1);
         let pending = &suspension.pending[0];
         assert_eq!(pending.tool_name, "run_js");
         assert_eq!(pending.arguments, json!({"code": code}));
-        assert_eq!(pending.arguments_sha256, corral_chat::sha256_json(&json!({"code": code})));
+        assert_eq!(
+            pending.arguments_sha256,
+            corral_chat::sha256_json(&json!({"code": code}))
+        );
         // The gate runs before the executor exists.
         assert_eq!(parts.factory.created.load(Ordering::SeqCst), 0);
         assert_eq!(parts.backend.total(), 0);
         // The checkpoint is durable, and it was written before the permission event.
-        let live = store.live_checkpoint("s1").await.expect("store").expect("a live checkpoint");
+        let live = store
+            .live_checkpoint("s1")
+            .await
+            .expect("store")
+            .expect("a live checkpoint");
         assert_eq!(live.data, serde_json::to_value(&suspension).expect("json"));
         let events = parts.sink.events();
         assert_eq!(count_events(&events, "permission.requested"), 1);
@@ -107,13 +139,27 @@ async fn a_suspended_turn_resumes_in_a_new_runtime_without_running_anything_twic
     let store = open_store(dir.path()).await;
     let parts = Parts::new(replies);
     let mut input = parts.input(&store, "turn-1", "echo");
-    input.resume = Some(Resume { suspension: suspension.clone(), approved: true, reason: None });
-    let RunResult::Completed { text, .. } = run_ok(input).await else { panic!("not completed") };
+    input.resume = Some(Resume {
+        suspension: suspension.clone(),
+        approved: true,
+        reason: None,
+    });
+    let RunResult::Completed { text, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     assert_eq!(text, "echoed");
     assert_eq!(parts.backend.count("t.echo"), 1);
-    assert_eq!(parts.model.requests().len(), 1, "the first model call came from the journal");
+    assert_eq!(
+        parts.model.requests().len(),
+        1,
+        "the first model call came from the journal"
+    );
     let events = parts.sink.events();
-    assert_eq!(count_events(&events, "tool.started"), 0, "the tool start was announced before the suspension");
+    assert_eq!(
+        count_events(&events, "tool.started"),
+        0,
+        "the tool start was announced before the suspension"
+    );
     assert_eq!(count_events(&events, "permission.requested"), 0);
     assert_eq!(count_events(&events, "permission.resolved"), 1);
     assert_eq!(count_events(&events, "tool.finished"), 1);
@@ -121,8 +167,14 @@ async fn a_suspended_turn_resumes_in_a_new_runtime_without_running_anything_twic
     // Resuming the same checkpoint again runs nothing again.
     let again = Parts::new(json!([]));
     let mut input = again.input(&store, "turn-1", "echo");
-    input.resume = Some(Resume { suspension, approved: true, reason: None });
-    let RunResult::Completed { text, .. } = run_ok(input).await else { panic!("not completed") };
+    input.resume = Some(Resume {
+        suspension,
+        approved: true,
+        reason: None,
+    });
+    let RunResult::Completed { text, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     assert_eq!(text, "echoed");
     assert_eq!(again.backend.total(), 0);
     assert_eq!(again.model.requests().len(), 0);
@@ -134,18 +186,29 @@ async fn a_rejection_reaches_the_model_with_its_reason() {
     let dir = dir();
     let store = open_store(dir.path()).await;
     let parts = Parts::new(json!([js("return await tools.t.echo({});"), {"text": "ok, I won't"}]));
-    let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "go")).await else {
+    let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "go")).await
+    else {
         panic!("not suspended")
     };
     let mut input = parts.input(&store, "turn-1", "go");
-    input.resume = Some(Resume { suspension, approved: false, reason: Some("not on a Friday".into()) });
-    let RunResult::Completed { text, .. } = run_ok(input).await else { panic!("not completed") };
+    input.resume = Some(Resume {
+        suspension,
+        approved: false,
+        reason: Some("not on a Friday".into()),
+    });
+    let RunResult::Completed { text, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     assert_eq!(text, "ok, I won't");
     let (content, is_error) = last_tool_message(&parts.model.requests());
     assert!(is_error);
     assert!(content.contains("not on a Friday"), "{content}");
     assert_eq!(parts.backend.total(), 0);
-    assert_eq!(parts.factory.created.load(Ordering::SeqCst), 0, "no executor for a rejected script");
+    assert_eq!(
+        parts.factory.created.load(Ordering::SeqCst),
+        0,
+        "no executor for a rejected script"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,15 +216,25 @@ async fn a_checkpoint_from_another_catalog_is_refused_before_the_model_is_called
     let dir = dir();
     let store = open_store(dir.path()).await;
     let parts = Parts::new(json!([js("return 1;"), {"text": "done"}]));
-    let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "go")).await else {
+    let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "go")).await
+    else {
         panic!("not suspended")
     };
     let later = Parts::new(json!([js("return 1;"), {"text": "done"}]));
     let mut input = later.input(&store, "turn-1", "go");
     input.fingerprint = "fp-2".into();
-    input.resume = Some(Resume { suspension, approved: true, reason: None });
-    let error = run(&CancellationToken::new(), input).await.expect_err("refused");
-    assert!(matches!(error, RunError::IncompatibleCheckpoint(_)), "{error}");
+    input.resume = Some(Resume {
+        suspension,
+        approved: true,
+        reason: None,
+    });
+    let error = run(&CancellationToken::new(), input)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(error, RunError::IncompatibleCheckpoint(_)),
+        "{error}"
+    );
     assert!(later.model.requests().is_empty());
 }
 
@@ -172,12 +245,18 @@ async fn a_zero_step_budget_is_a_usage_error_and_a_small_one_runs_out() {
     let parts = Parts::new(json!([js("return 1;"), js("return 2;"), js("return 3;")]));
     let mut input = parts.input(&store, "turn-1", "loop");
     input.max_steps = 0;
-    assert!(matches!(run(&CancellationToken::new(), input).await, Err(RunError::Usage(_))));
+    assert!(matches!(
+        run(&CancellationToken::new(), input).await,
+        Err(RunError::Usage(_))
+    ));
     assert!(parts.model.requests().is_empty());
     let mut input = parts.input(&store, "turn-1", "loop");
     input.max_steps = 2;
     input.auto_confirm = true;
-    assert_eq!(run_ok(input).await, RunResult::StepBudgetExhausted { steps: 2 });
+    assert_eq!(
+        run_ok(input).await,
+        RunResult::StepBudgetExhausted { steps: 2 }
+    );
     assert_eq!(parts.model.requests().len(), 2);
 }
 
@@ -199,7 +278,10 @@ async fn cancellation_stops_a_script_waiting_on_a_call() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     token.cancel();
-    let result = tokio::time::timeout(Duration::from_secs(5), task).await.expect("stopped").expect("joined");
+    let result = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("stopped")
+        .expect("joined");
     assert_eq!(result.expect("run"), RunResult::Cancelled);
 }
 
@@ -214,12 +296,27 @@ async fn calls_policy_scenario(open: impl AsyncFn() -> Arc<dyn corral_store::Sto
         let parts = Parts::new(replies.clone());
         let mut input = parts.input(&store, "turn-1", "three calls");
         input.approval = ApprovalPolicy::Calls;
-        let RunResult::Suspended { suspension } = run_ok(input).await else { panic!("not suspended") };
-        assert_eq!(suspension.pending.len(), 2, "one interaction per gated call");
-        let mut arguments: Vec<_> = suspension.pending.iter().map(|p| p.arguments["n"].clone()).collect();
+        let RunResult::Suspended { suspension } = run_ok(input).await else {
+            panic!("not suspended")
+        };
+        assert_eq!(
+            suspension.pending.len(),
+            2,
+            "one interaction per gated call"
+        );
+        let mut arguments: Vec<_> = suspension
+            .pending
+            .iter()
+            .map(|p| p.arguments["n"].clone())
+            .collect();
         arguments.sort_by_key(|v| v.as_i64());
         assert_eq!(arguments, vec![json!(1), json!(2)]);
-        assert!(suspension.pending.iter().all(|p| p.capability_id.as_deref() == Some("t.gated")));
+        assert!(
+            suspension
+                .pending
+                .iter()
+                .all(|p| p.capability_id.as_deref() == Some("t.gated"))
+        );
         assert_eq!(parts.backend.count("t.echo"), 1, "the ungated call ran");
         assert_eq!(parts.backend.count("t.gated"), 0, "the gated calls wait");
         suspension
@@ -228,11 +325,21 @@ async fn calls_policy_scenario(open: impl AsyncFn() -> Arc<dyn corral_store::Sto
     let parts = Parts::new(replies);
     let mut input = parts.input(&store, "turn-1", "three calls");
     input.approval = ApprovalPolicy::Calls;
-    input.resume = Some(Resume { suspension, approved: true, reason: None });
-    let RunResult::Completed { text, .. } = run_ok(input).await else { panic!("not completed") };
+    input.resume = Some(Resume {
+        suspension,
+        approved: true,
+        reason: None,
+    });
+    let RunResult::Completed { text, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     assert_eq!(text, "all three");
     assert_eq!(parts.backend.count("t.gated"), 2);
-    assert_eq!(parts.backend.count("t.echo"), 0, "the ungated call came from the journal");
+    assert_eq!(
+        parts.backend.count("t.echo"),
+        0,
+        "the ungated call came from the journal"
+    );
     let (content, is_error) = last_tool_message(&parts.model.requests());
     assert!(!is_error, "{content}");
     assert!(content.contains("\"value\":[1,2,3]"), "{content}");
@@ -253,11 +360,19 @@ async fn a_gated_call_rejected_rejects_its_promise_and_the_script_can_catch_it()
     let parts = Parts::new(json!([js(code), {"text": "fine"}]));
     let mut input = parts.input(&store, "turn-1", "go");
     input.approval = ApprovalPolicy::Calls;
-    let RunResult::Suspended { suspension } = run_ok(input).await else { panic!("not suspended") };
+    let RunResult::Suspended { suspension } = run_ok(input).await else {
+        panic!("not suspended")
+    };
     let mut input = parts.input(&store, "turn-1", "go");
     input.approval = ApprovalPolicy::Calls;
-    input.resume = Some(Resume { suspension, approved: false, reason: Some("no".into()) });
-    let RunResult::Completed { .. } = run_ok(input).await else { panic!("not completed") };
+    input.resume = Some(Resume {
+        suspension,
+        approved: false,
+        reason: Some("no".into()),
+    });
+    let RunResult::Completed { .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     let (content, _) = last_tool_message(&parts.model.requests());
     assert!(content.contains("PermissionDenied"), "{content}");
     assert_eq!(parts.backend.count("t.gated"), 0);
@@ -268,15 +383,22 @@ async fn a_replay_that_differs_from_the_journal_fails_as_drift() {
     let dir = dir();
     let store = open_store(dir.path()).await;
     let parts = Parts::new(json!([js("return 1;"), {"text": "done"}]));
-    let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "go")).await else {
+    let RunResult::Suspended { suspension } = run_ok(parts.input(&store, "turn-1", "go")).await
+    else {
         panic!("not suspended")
     };
     // Same fingerprint, but the host changed what the model is told: the journaled model
     // call's request no longer matches.
     let mut input = parts.input(&store, "turn-1", "go");
     input.instructions = "Other instructions.".into();
-    input.resume = Some(Resume { suspension, approved: true, reason: None });
-    let RunResult::Failed { code, .. } = run_ok(input).await else { panic!("not failed") };
+    input.resume = Some(Resume {
+        suspension,
+        approved: true,
+        reason: None,
+    });
+    let RunResult::Failed { code, .. } = run_ok(input).await else {
+        panic!("not failed")
+    };
     assert_eq!(code, "effect_drift");
     assert_eq!(parts.backend.total(), 0);
 }
@@ -295,11 +417,20 @@ async fn direct_mode_never_allocates_an_executor() {
     let RunResult::Suspended { suspension } = run_ok(input).await else {
         panic!("the gated capability is approved first")
     };
-    assert_eq!(suspension.pending[0].capability_id.as_deref(), Some("t.gated"));
+    assert_eq!(
+        suspension.pending[0].capability_id.as_deref(),
+        Some("t.gated")
+    );
     let mut input = parts.input(&store, "turn-1", "direct");
     input.direct_tools = true;
-    input.resume = Some(Resume { suspension, approved: true, reason: None });
-    let RunResult::Completed { text, .. } = run_ok(input).await else { panic!("not completed") };
+    input.resume = Some(Resume {
+        suspension,
+        approved: true,
+        reason: None,
+    });
+    let RunResult::Completed { text, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     assert_eq!(text, "done");
     assert_eq!(parts.factory.created.load(Ordering::SeqCst), 0);
     assert_eq!(parts.backend.count("t.echo"), 1);
@@ -320,8 +451,13 @@ async fn compaction_summarizes_old_messages_without_separating_calls_from_result
     ]));
     let mut input = parts.input(&store, "turn-1", "pad");
     input.direct_tools = true;
-    input.limits = corral_chat::ModelLimits { context_window: 1200, max_output: 200 };
-    let RunResult::Completed { text, items, .. } = run_ok(input).await else { panic!("not completed") };
+    input.limits = corral_chat::ModelLimits {
+        context_window: 1200,
+        max_output: 200,
+    };
+    let RunResult::Completed { text, items, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
     assert_eq!(text, "final answer");
     let requests = parts.model.requests();
     assert_eq!(requests.len(), 3, "step, compaction, step");
@@ -344,7 +480,10 @@ async fn calls_policy_on_postgres() {
         Ok(server) => server,
         Err(error) => panic!("PostgreSQL is needed for this test: {error}"),
     };
-    let config = server.create_database("corral_chat_calls").await.expect("database");
+    let config = server
+        .create_database("corral_chat_calls")
+        .await
+        .expect("database");
     let store: Arc<dyn corral_store::Store> = Arc::new(
         corral_store::PostgresStore::connect(corral_store::PostgresOptions::new(config))
             .await
@@ -359,7 +498,9 @@ async fn calls_policy_on_postgres() {
 /// Runs in a child process (see `an_effect_in_flight_at_a_crash_becomes_uncertain`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_child_process() {
-    let Ok(folder) = std::env::var("CORRAL_CHAT_CRASH_DIR") else { return };
+    let Ok(folder) = std::env::var("CORRAL_CHAT_CRASH_DIR") else {
+        return;
+    };
     let store = open_store(std::path::Path::new(&folder)).await;
     let parts = Parts::new(json!([js("return await tools.t.block({});")]));
     let mut input = parts.input(&store, "turn-1", "block");
@@ -396,6 +537,15 @@ async fn an_effect_in_flight_at_a_crash_becomes_uncertain() {
     let mut input = parts.input(&store, "turn-1", "block");
     input.auto_confirm = true;
     let result = run_ok(input).await;
-    assert_eq!(result, RunResult::Uncertain { effect_ids: vec!["turn-1:s0:t0:c0".into()] });
-    assert_eq!(parts.backend.total(), 0, "an uncertain call is never retried by itself");
+    assert_eq!(
+        result,
+        RunResult::Uncertain {
+            effect_ids: vec!["turn-1:s0:t0:c0".into()]
+        }
+    );
+    assert_eq!(
+        parts.backend.total(),
+        0,
+        "an uncertain call is never retried by itself"
+    );
 }

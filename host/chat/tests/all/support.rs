@@ -148,7 +148,10 @@ impl CountingFactory {
 
 #[async_trait]
 impl ExecutorFactory for CountingFactory {
-    async fn create(&self, request: ExecutorRequest) -> Result<ExecutorSession, CreateSessionError> {
+    async fn create(
+        &self,
+        request: ExecutorRequest,
+    ) -> Result<ExecutorSession, CreateSessionError> {
         self.created.fetch_add(1, Ordering::SeqCst);
         self.inner.create(request).await
     }
