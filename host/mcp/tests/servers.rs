@@ -615,12 +615,13 @@ async fn a_script_lists_and_reads_files_through_server_filesystem() -> Result<()
          return {{listing, text}};"
     );
     let result = value(run(&listed, &catalog, &script).await?)?;
-    let listing = result["listing"].as_str().unwrap_or("");
+    // server-filesystem declares outputSchema {content: string}: the value is structuredContent.
+    let listing = result["listing"]["content"].as_str().unwrap_or("");
     assert!(
         listing.contains("notes.txt") && listing.contains("todo.md"),
         "{result}"
     );
-    assert_eq!(result["text"], "buy milk\n");
+    assert_eq!(result["text"], json!({"content": "buy milk\n"}));
     hub.shutdown().await;
     Ok(())
 }
