@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use corral_sandbox::{
-    Backend, Invocation, InvocationContext, InvokeCapabilityError, SessionLimits, ToolResult,
+    Backend, CompletionSchedule, Invocation, InvocationContext, InvokeCapabilityError,
+    ScheduleError, SessionLimits, ToolResult,
 };
 use corral_tests::{example_session, recording_catalog, session};
 
@@ -106,15 +107,36 @@ impl Backend for Delayed {
     }
 }
 
+/// Delivers each wait's completions only once all of its calls are ready: the first wait gets
+/// one, the second two. How completions are grouped into batches is guest work (each batch
+/// resumes the guest once), so holding the grouping fixed leaves time as the only difference.
+struct WholeBatches;
+
+impl CompletionSchedule for WholeBatches {
+    fn next_batch(
+        &mut self,
+        wait_index: u32,
+        ready: &[u32],
+        _fuel_consumed: u64,
+    ) -> Result<Vec<u32>, ScheduleError> {
+        let expected = if wait_index == 0 { 1 } else { 2 };
+        Ok(if ready.len() >= expected {
+            ready.to_vec()
+        } else {
+            Vec::new()
+        })
+    }
+}
+
 #[tokio::test]
 async fn waiting_on_calls_costs_no_fuel() {
-    // The same script and results; only the time the backend takes differs.
+    // The same script, results and batches; only the time the backend takes differs.
     let script = "await tools.test.record({}); await Promise.all([tools.test.record({}), tools.test.record({})]); return 1";
     let mut fuel = Vec::new();
     for ms in [1, 300] {
         let backend = Arc::new(Delayed(std::time::Duration::from_millis(ms)));
         let mut session = session(recording_catalog(), backend, SessionLimits::default()).await;
-        let report = session.run(script).await;
+        let report = session.run_scheduled(script, &mut WholeBatches).await;
         assert!(report.outcome.is_ok(), "{:?}", report.outcome);
         fuel.push(report.stats.fuel);
     }
