@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use corral_catalog::{Capability, Catalog, Redactor};
-use corral_mcp::{EnvSecretResolver, McpBackend, McpHub, McpHubOptions, McpServerConfig};
+use corral_catalog::Catalog;
+use corral_mcp::{McpBinding, McpHub, McpServerConfig};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{
     Backend, ClockGrant, EntropyGrant, Grants, InvocationContext, RunStats, Sandbox, SandboxConfig,
@@ -22,11 +22,8 @@ use corral_sandbox::{
 };
 use serde_json::{Value, json};
 
+use crate::mcp_args::McpFlags;
 use crate::webhook::WebhookBackend;
-
-// Declared here rather than in main.rs, which this change leaves alone.
-#[path = "mcp_args.rs"]
-mod mcp_args;
 
 /// Arguments of `corral exec`.
 #[derive(Debug, clap::Args)]
@@ -71,41 +68,12 @@ pub struct ExecArgs {
     host_entropy: bool,
 }
 
-/// The MCP servers of a run (boxed: they would make every `corral` subcommand as large).
-#[derive(Debug, clap::Args)]
-pub struct McpFlags {
-    /// An MCP server over stdio, `NAME=COMMAND ARG...` (one argument, split into words like a
-    /// shell does); its tools are bound at `tools.NAME.<tool>`. Repeatable.
-    #[arg(long, value_name = "NAME=COMMAND ARG...")]
-    mcp: Vec<String>,
-    /// An MCP server over streamable HTTP, `NAME=URL`. Repeatable.
-    #[arg(long, value_name = "NAME=URL")]
-    mcp_url: Vec<String>,
-    /// A JSON array of MCP server declarations, as in an agent manifest's "mcpServers"
-    /// (env and header values may be {"secretRef": "NAME"}, read from $CORRAL_SECRET_NAME).
-    /// Repeatable.
-    #[arg(long, value_name = "FILE.json")]
-    mcp_config: Vec<PathBuf>,
-    /// Per-call timeout of MCP tools, in milliseconds (default 60000), unless a declaration
-    /// sets its own `callTimeoutMs`.
-    #[arg(long)]
-    mcp_call_timeout_ms: Option<u64>,
-}
-
 /// A usage error: reported on stderr with exit status 2.
 struct Usage(String);
 
 pub fn run(args: ExecArgs) -> ExitCode {
-    if !(args.mcp.mcp.is_empty() && args.mcp.mcp_url.is_empty() && args.mcp.mcp_config.is_empty()) {
-        // MCP servers' stderr and notices go to our stderr (RUST_LOG=corral_mcp=info shows
-        // every stderr line of the servers); stdout stays the one JSON report.
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("corral_mcp=warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    // MCP servers' stderr and notices go to our stderr; stdout stays the one JSON report.
+    args.mcp.init_logging();
     let prepared = match prepare(args) {
         Ok(prepared) => prepared,
         Err(Usage(message)) => {
@@ -144,7 +112,7 @@ struct Prepared {
     catalog: Option<Catalog>,
     backend: Option<Arc<dyn Backend>>,
     mcp_servers: Vec<McpServerConfig>,
-    mcp_call_timeout_ms: Option<u64>,
+    hub: McpHub,
     user: Option<ScriptUser>,
     limits: SessionLimits,
     grants: Grants,
@@ -164,9 +132,7 @@ fn prepare(args: ExecArgs) -> Result<Prepared, Usage> {
     // Text that is not UTF-8 is the script's problem (invalid_input), not a usage error.
     let source = String::from_utf8(bytes).map_err(|e| format!("the script is not UTF-8: {e}"));
 
-    let mcp_servers =
-        mcp_args::parse_servers(&args.mcp.mcp, &args.mcp.mcp_url, &args.mcp.mcp_config)
-            .map_err(Usage)?;
+    let mcp_servers = args.mcp.servers().map_err(Usage)?;
     let (catalog, backend): (Option<Catalog>, Option<Arc<dyn Backend>>) =
         match (&args.catalog, &args.backend_url) {
             // With MCP servers and no --catalog, their tools are the whole catalog.
@@ -239,69 +205,39 @@ fn prepare(args: ExecArgs) -> Result<Prepared, Usage> {
         catalog,
         backend,
         mcp_servers,
-        mcp_call_timeout_ms: args.mcp.mcp_call_timeout_ms,
+        hub: args.mcp.hub(),
         user,
         limits,
         grants,
     })
 }
 
-/// The catalog, backend and redaction of the run: the MCP tools (listed now) together with the
-/// other capabilities, whose calls the MCP backend hands on.
-struct Bound {
-    catalog: Catalog,
-    backend: Arc<dyn Backend>,
-    redactor: Redactor,
-}
-
-async fn bind_mcp(prepared: &mut Prepared, hub: &McpHub) -> Result<Bound, Usage> {
+/// The MCP tools (listed now) bound after the other capabilities, whose calls the MCP backend
+/// hands on.
+async fn bind(prepared: &mut Prepared) -> Result<McpBinding, Usage> {
     let others = prepared.catalog.take();
     let fallback = prepared.backend.take();
-    if prepared.mcp_servers.is_empty() {
-        return match (others, fallback) {
-            (Some(catalog), Some(backend)) => Ok(Bound {
-                catalog,
-                backend,
-                redactor: Redactor::default(),
-            }),
-            _ => Err(Usage("nothing to bind".into())),
-        };
+    if prepared.mcp_servers.is_empty() && (others.is_none() || fallback.is_none()) {
+        return Err(Usage("nothing to bind".into()));
     }
-    let secrets = hub
-        .secret_values(&prepared.mcp_servers)
-        .map_err(|e| Usage(e.to_string()))?;
-    let redactor =
-        Redactor::new(secrets, Vec::new()).map_err(|e| Usage(format!("MCP secrets: {e}")))?;
-    let listed = hub.catalog(&prepared.mcp_servers).await;
-    for error in &listed.errors {
-        eprintln!("corral exec: MCP: {error}");
-    }
-    let mut capabilities: Vec<Capability> = others
+    let capabilities = others
         .map(|catalog| catalog.capabilities().to_vec())
         .unwrap_or_default();
-    capabilities.extend(listed.capabilities.iter().cloned());
-    let catalog = Catalog::new(capabilities)
-        .map_err(|e| Usage(format!("the MCP tools do not fit the catalog: {e}")))?;
-    let mut backend = McpBackend::new(&listed);
-    if let Some(fallback) = fallback {
-        backend = backend.with_fallback(fallback);
+    let bound = prepared
+        .hub
+        .bind(&prepared.mcp_servers, capabilities, fallback)
+        .await
+        .map_err(|e| Usage(e.to_string()))?;
+    for error in &bound.errors {
+        eprintln!("corral exec: MCP: {error}");
     }
-    Ok(Bound {
-        catalog,
-        backend: Arc::new(backend),
-        redactor,
-    })
+    Ok(bound)
 }
 
 /// Runs the script; returns the JSON report and whether the script succeeded.
 async fn execute(mut prepared: Prepared) -> Result<(Value, bool), Usage> {
-    let mut options = McpHubOptions::default();
-    if let Some(ms) = prepared.mcp_call_timeout_ms {
-        options.call_timeout = std::time::Duration::from_millis(ms);
-    }
-    let hub = McpHub::new(Arc::new(EnvSecretResolver::default()), options);
-    let bound = bind_mcp(&mut prepared, &hub).await;
-    let outcome = match bound {
+    let hub = prepared.hub.clone();
+    let outcome = match bind(&mut prepared).await {
         Ok(bound) => Ok(run_script(prepared, bound).await),
         Err(usage) => Err(usage),
     };
@@ -309,7 +245,7 @@ async fn execute(mut prepared: Prepared) -> Result<(Value, bool), Usage> {
     outcome
 }
 
-async fn run_script(prepared: Prepared, bound: Bound) -> (Value, bool) {
+async fn run_script(prepared: Prepared, bound: McpBinding) -> (Value, bool) {
     let source = match prepared.source {
         Ok(source) => source,
         Err(message) => return (failure("invalid_input", &message), false),

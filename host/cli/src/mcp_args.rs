@@ -1,7 +1,66 @@
 //! `--mcp NAME=COMMAND ARG...` and `--mcp-url NAME=URL`: MCP servers declared on the command
 //! line, in the same shape as a manifest's `"mcpServers"` entries.
 
-use corral_mcp::{McpServerConfig, validate_servers};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions, McpServerConfig, validate_servers};
+
+/// The MCP servers of a run (boxed: they would make every `corral` subcommand as large).
+#[derive(Debug, clap::Args)]
+pub struct McpFlags {
+    /// An MCP server over stdio, `NAME=COMMAND ARG...` (one argument, split into words like a
+    /// shell does); its tools are bound at `tools.NAME.<tool>`. Repeatable.
+    #[arg(long, value_name = "NAME=COMMAND ARG...")]
+    pub mcp: Vec<String>,
+    /// An MCP server over streamable HTTP, `NAME=URL`. Repeatable.
+    #[arg(long, value_name = "NAME=URL")]
+    pub mcp_url: Vec<String>,
+    /// A JSON array of MCP server declarations, as in an agent manifest's "mcpServers"
+    /// (env and header values may be {"secretRef": "NAME"}, read from $CORRAL_SECRET_NAME).
+    /// Repeatable.
+    #[arg(long, value_name = "FILE.json")]
+    pub mcp_config: Vec<PathBuf>,
+    /// Per-call timeout of MCP tools, in milliseconds (default 60000), unless a declaration
+    /// sets its own `callTimeoutMs`.
+    #[arg(long)]
+    pub mcp_call_timeout_ms: Option<u64>,
+}
+
+impl McpFlags {
+    /// Whether no server is declared.
+    pub fn is_empty(&self) -> bool {
+        self.mcp.is_empty() && self.mcp_url.is_empty() && self.mcp_config.is_empty()
+    }
+
+    /// The declared servers, checked.
+    pub fn servers(&self) -> Result<Vec<McpServerConfig>, String> {
+        parse_servers(&self.mcp, &self.mcp_url, &self.mcp_config)
+    }
+
+    /// The process's hub (secrets from `CORRAL_SECRET_*`), with the flags' call timeout.
+    pub fn hub(&self) -> McpHub {
+        let mut options = McpHubOptions::default();
+        if let Some(ms) = self.mcp_call_timeout_ms {
+            options.call_timeout = std::time::Duration::from_millis(ms);
+        }
+        McpHub::new(Arc::new(EnvSecretResolver::default()), options)
+    }
+
+    /// Sends MCP servers' stderr and notices to our stderr when servers are declared
+    /// (`RUST_LOG=corral_mcp=info` shows every stderr line of the servers).
+    pub fn init_logging(&self) {
+        if self.is_empty() {
+            return;
+        }
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("corral_mcp=warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
 
 /// The servers named by `--mcp` (one argument each, split into words like a POSIX shell does:
 /// quotes and backslashes work, nothing is expanded) and `--mcp-url`, then those of
@@ -9,7 +68,7 @@ use corral_mcp::{McpServerConfig, validate_servers};
 pub fn parse_servers(
     stdio: &[String],
     http: &[String],
-    configs: &[std::path::PathBuf],
+    configs: &[PathBuf],
 ) -> Result<Vec<McpServerConfig>, String> {
     let mut servers = Vec::new();
     for spec in stdio {

@@ -45,12 +45,14 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod bind;
 mod config;
 mod error;
 mod hub;
 mod listing;
 
 pub use backend::{MAX_ERROR_TEXT_CHARS, McpBackend};
+pub use bind::{BindMcpError, McpBinding};
 pub use config::{
     ConfigValue, EnvSecretResolver, McpConfigError, McpServerConfig, McpTransport, SecretRef,
     SecretResolver, StaticSecrets, validate_servers,

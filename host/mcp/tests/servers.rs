@@ -494,9 +494,19 @@ async fn call_timeouts_and_script_deadlines_cancel_the_request() -> Result<()> {
     );
     wait_for_cancelled(&listed, 2).await?;
 
-    // Not asserted yet: a script that returns with a call in flight. The sandbox aborts the
-    // call's task, but the server did not see notifications/cancelled (see the report of
-    // issue 11); the call's own timeout and the script's deadline above do cancel.
+    // A script that returns with a call in flight: the sandbox aborts the call, and rmcp's
+    // request guard sends notifications/cancelled. The short call is awaited so that the long
+    // one has surely been sent before the script returns.
+    let report = run_with(
+        &sandbox,
+        catalog.clone(),
+        Arc::clone(&backend),
+        SessionLimits::default(),
+        "tools.kit.slow({ms: 20000}); await tools.kit.slow({ms: 200}); return 'left'",
+    )
+    .await?;
+    assert_eq!(value(report)?, json!("left"));
+    wait_for_cancelled(&listed, 3).await?;
     drop((sandbox, backend));
     hub.shutdown().await;
     Ok(())
