@@ -16,6 +16,7 @@ use corral_chat::{
     ApprovalPolicy, Decision, EventSink, Input, ModelLimits, Resume, RunEvent, RunEventKind,
     RunResult, SandboxExecutorFactory, SinkError, StoreJournal, SuspensionContext,
 };
+use corral_mcp::McpHub;
 use corral_models::Model;
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{Backend, Sandbox, SandboxConfig, SessionLimits};
@@ -26,6 +27,7 @@ use corral_store::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::mcp_args::McpFlags;
 use crate::webhook::WebhookBackend;
 
 /// Which approval policy.
@@ -54,6 +56,10 @@ pub struct ChatArgs {
     /// Where calls of `--catalog` capabilities are POSTed (the webhook format of `corral exec`).
     #[arg(long)]
     backend_url: Option<String>,
+    /// MCP servers whose tools are bound (as in `corral exec`); with them and no `--catalog`,
+    /// their tools are the whole catalog.
+    #[command(flatten)]
+    mcp: Box<McpFlags>,
     /// Each capability as its own model tool instead of `run_js`.
     #[arg(long)]
     direct_tools: bool,
@@ -87,8 +93,21 @@ struct Chat {
     catalog: Arc<Catalog>,
     backend: Arc<dyn Backend>,
     factory: Arc<SandboxExecutorFactory>,
+    redactor: Arc<Redactor>,
+    hub: McpHub,
     args: ChatArgs,
     fingerprint: String,
+    /// The running turn's cancellation: Ctrl-C cancels it; with no turn running (at a
+    /// prompt), Ctrl-C ends the chat.
+    running: Arc<std::sync::Mutex<Option<CancellationToken>>>,
+}
+
+/// Where a turn left the chat.
+enum Flow {
+    /// Ready for the next message.
+    Next,
+    /// Input ended at an approval prompt: the approval stays pending in the store.
+    LeftPending,
 }
 
 /// Prints text as it streams, tool activity on stderr.
@@ -151,39 +170,43 @@ pub fn run(args: ChatArgs) -> ExitCode {
         chat.session_id,
         chat.args.store.display()
     );
-    // A pending approval from an earlier, interrupted chat comes first.
-    match runtime.block_on(chat.pending()) {
-        Ok(Some(suspension)) => {
-            if let Err(message) = chat.decide_and_resume(&runtime, suspension) {
-                eprintln!("corral chat: {message}");
-                return ExitCode::from(1);
-            }
-        }
-        Ok(None) => {}
+    runtime.spawn(interrupts(
+        Arc::clone(&chat.running),
+        chat.hub.clone(),
+        format!(
+            "corral chat --session {} --store {}",
+            chat.session_id,
+            chat.args.store.display()
+        ),
+    ));
+    let code = match chat.converse(&runtime) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("corral chat: {message}");
-            return ExitCode::from(1);
+            ExitCode::from(1)
         }
-    }
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("\nyou> ");
-        let mut line = String::new();
-        match stdin.lock().read_line(&mut line) {
-            Ok(0) | Err(_) => return ExitCode::SUCCESS,
-            Ok(_) => {}
-        }
-        let message = line.trim();
-        if message.is_empty() {
-            return ExitCode::SUCCESS;
-        }
-        let turn_id = format!("{}:{}", chat.session_id, unique_suffix());
-        let result = runtime.block_on(chat.turn(&turn_id, message, None, Default::default()));
-        match chat.settle(&runtime, result, &turn_id, message) {
-            Ok(()) => {}
-            Err(message) => {
-                eprintln!("corral chat: {message}");
-                return ExitCode::from(1);
+    };
+    // MCP servers are stopped, not left to notice that their stdin closed.
+    runtime.block_on(chat.hub.shutdown());
+    code
+}
+
+/// Ctrl-C during a turn cancels the turn (the model stream and the script stop); at a prompt it
+/// ends the chat. A pending approval was committed before its prompt, so it is asked again by
+/// `continue_with`.
+async fn interrupts(
+    running: Arc<std::sync::Mutex<Option<CancellationToken>>>,
+    hub: McpHub,
+    continue_with: String,
+) {
+    while tokio::signal::ctrl_c().await.is_ok() {
+        let turn = running.lock().ok().and_then(|mut r| r.take());
+        match turn {
+            Some(turn) => turn.cancel(),
+            None => {
+                eprintln!("\n[interrupted; continue with: {continue_with}]");
+                hub.shutdown().await;
+                std::process::exit(130);
             }
         }
     }
@@ -203,7 +226,8 @@ fn load_model(spec: &str) -> Result<Arc<dyn Model>, String> {
 impl Chat {
     async fn open(args: ChatArgs) -> Result<Chat, String> {
         let model = load_model(&args.model)?;
-        let (catalog, backend): (Catalog, Arc<dyn Backend>) = match &args.catalog {
+        let servers = args.mcp.servers()?;
+        let (catalog, backend): (Option<Catalog>, Option<Arc<dyn Backend>>) = match &args.catalog {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("reading {}: {e}", path.display()))?;
@@ -215,16 +239,35 @@ impl Chat {
                     .ok_or("--catalog needs --backend-url (where the calls go)")?;
                 let backend =
                     WebhookBackend::new(url).map_err(|e| format!("--backend-url: {e}"))?;
-                (catalog, Arc::new(backend))
+                (Some(catalog), Some(Arc::new(backend)))
             }
-            None => (example_catalog(), Arc::new(ExampleBackend)),
+            // With MCP servers and no --catalog, their tools are the whole catalog.
+            None if !servers.is_empty() => (None, None),
+            None => (Some(example_catalog()), Some(Arc::new(ExampleBackend))),
         };
-        let catalog = Arc::new(catalog);
+        args.mcp.init_logging();
+        let hub = args.mcp.hub();
+        let bound = hub
+            .bind(
+                &servers,
+                catalog
+                    .map(|c| c.capabilities().to_vec())
+                    .unwrap_or_default(),
+                backend,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        for error in &bound.errors {
+            eprintln!("corral chat: MCP: {error}");
+        }
+        let catalog = Arc::new(bound.catalog);
+        let backend = bound.backend;
+        let redactor = Arc::new(bound.redactor);
         let sandbox = Sandbox::new(SandboxConfig::default())
             .map_err(|e| format!("loading the sandbox failed: {e}"))?;
         let factory = Arc::new(
             SandboxExecutorFactory::new(sandbox, SessionLimits::default())
-                .with_redactor(Arc::new(Redactor::default())),
+                .with_redactor(Arc::clone(&redactor)),
         );
         let store: Arc<dyn Store> = Arc::new(
             SqliteStore::open(&args.store)
@@ -234,6 +277,7 @@ impl Chat {
             "capabilities": catalog.capabilities(),
             "direct": args.direct_tools,
             "approval": format!("{:?}", args.approval),
+            "mcp": bound.fingerprint,
             "version": env!("CARGO_PKG_VERSION"),
         }));
         store
@@ -266,9 +310,39 @@ impl Chat {
             catalog,
             backend,
             factory,
+            redactor,
+            hub,
             args,
             fingerprint,
+            running: Arc::default(),
         })
+    }
+
+    /// A pending approval from an earlier, interrupted chat first, then one turn per line.
+    fn converse(&self, runtime: &tokio::runtime::Runtime) -> Result<(), String> {
+        if let Some(suspension) = runtime.block_on(self.pending())?
+            && let Flow::LeftPending = self.decide_and_resume(runtime, suspension)?
+        {
+            return Ok(());
+        }
+        let stdin = std::io::stdin();
+        loop {
+            eprint!("\nyou> ");
+            let mut line = String::new();
+            match stdin.lock().read_line(&mut line) {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(_) => {}
+            }
+            let message = line.trim();
+            if message.is_empty() {
+                return Ok(());
+            }
+            let turn_id = format!("{}:{}", self.session_id, unique_suffix());
+            let result = runtime.block_on(self.turn(&turn_id, message, None, Default::default()));
+            if let Flow::LeftPending = self.settle(runtime, result, &turn_id, message)? {
+                return Ok(());
+            }
+        }
     }
 
     /// The pending approval of a paused session, if any.
@@ -315,7 +389,7 @@ impl Chat {
             max_steps: self.args.max_steps,
             sink: Arc::new(TerminalSink),
             backend: Arc::clone(&self.backend),
-            redactor: Arc::new(Redactor::default()),
+            redactor: Arc::clone(&self.redactor),
             capabilities: Arc::clone(&self.catalog),
             action_capabilities: Vec::new(),
             executor_factory: Some(self.factory.clone()),
@@ -332,14 +406,13 @@ impl Chat {
             resume,
         };
         let cancel = CancellationToken::new();
-        let interrupt = cancel.clone();
-        let watcher = tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                interrupt.cancel();
-            }
-        });
+        if let Ok(mut running) = self.running.lock() {
+            *running = Some(cancel.clone());
+        }
         let result = corral_chat::run(&cancel, input).await;
-        watcher.abort();
+        if let Ok(mut running) = self.running.lock() {
+            *running = None;
+        }
         result.map_err(|e| e.to_string())
     }
 
@@ -350,7 +423,7 @@ impl Chat {
         result: Result<RunResult, String>,
         turn_id: &str,
         message: &str,
-    ) -> Result<(), String> {
+    ) -> Result<Flow, String> {
         let result = result?;
         let mut commit = SessionCommit::new(self.session_id.clone());
         let mut patch = SessionPatch::default();
@@ -391,14 +464,14 @@ impl Chat {
         runtime
             .block_on(self.store.commit(commit))
             .map_err(|e| e.to_string())?;
-        Ok(())
+        Ok(Flow::Next)
     }
 
     fn decide_and_resume(
         &self,
         runtime: &tokio::runtime::Runtime,
         suspension: SuspensionContext,
-    ) -> Result<(), String> {
+    ) -> Result<Flow, String> {
         let mut decisions = suspension.decisions.clone();
         for interaction in &suspension.pending {
             if decisions.contains_key(&interaction.interaction_id) {
@@ -428,7 +501,7 @@ impl Chat {
                         self.session_id,
                         self.args.store.display()
                     );
-                    std::process::exit(0);
+                    return Ok(Flow::LeftPending);
                 }
                 Ok(_) => {}
             }

@@ -1,0 +1,240 @@
+//! `corral chat` as a person runs it: the real binary on a terminal-like pipe, the embedded
+//! store in a temporary folder, a scripted model, and a webhook backend on a real socket that
+//! counts the calls. Interrupted at the approval prompt (end of input, or Ctrl-C), a later
+//! `corral chat --session ID` over the same store asks the same question, and the approved
+//! script runs exactly once.
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// The script the scripted model writes, and the model's last words.
+const SCRIPT: &str =
+    "const order = await tools.shop.orders.cancel({id: 'A-7'}); return order.status;";
+const ANSWER: &str = "Order A-7 is cancelled.";
+
+/// A webhook backend that answers `shop.orders.cancel` and counts the calls it received.
+fn webhook(calls: Arc<AtomicU32>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let body = loop {
+                let n = stream.read(&mut chunk).unwrap_or(0);
+                if n == 0 {
+                    break None;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+                let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if buffer.len() >= end + 4 + length {
+                    break Some(buffer[end + 4..end + 4 + length].to_vec());
+                }
+            };
+            let Some(body) = body else { continue };
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if request["capability_id"] == "shop.orders.cancel" {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+            let reply = json!({"ok": true, "output": {"id": request["input"][0]["id"], "status": "cancelled"}})
+                .to_string();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    url
+}
+
+/// A running `corral chat` whose stderr is collected as it arrives (prompts end without a
+/// newline, so it is read in chunks, not lines).
+struct Chat {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    stdout: Arc<Mutex<String>>,
+}
+
+fn collect(mut from: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&text);
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 1024];
+        loop {
+            match from.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if let Ok(mut text) = sink.lock() {
+                        text.push_str(&String::from_utf8_lossy(&chunk[..n]));
+                    }
+                }
+            }
+        }
+    });
+    text
+}
+
+impl Chat {
+    fn start(dir: &Path, backend_url: &str) -> Chat {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .arg("chat")
+            .arg("--model")
+            .arg(format!("scripted:{}", dir.join("replies.json").display()))
+            .arg("--catalog")
+            .arg(dir.join("catalog.json"))
+            .arg("--backend-url")
+            .arg(backend_url)
+            .arg("--store")
+            .arg(dir.join("chat.db"))
+            .args(["--session", "s1"])
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("corral chat starts");
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        let stdout = collect(child.stdout.take().expect("stdout"));
+        Chat {
+            child,
+            stderr,
+            stdout,
+        }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().expect("stdin open");
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("type a line");
+        stdin.flush().expect("flush");
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Waits until stderr contains `text` `times` times.
+    fn wait_for(&self, text: &str, times: usize) {
+        let started = Instant::now();
+        while self.stderr().matches(text).count() < times {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "corral chat never printed {text:?} ({times}x); stderr so far:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Closes stdin and waits; returns the exit code, stdout and stderr.
+    fn finish(mut self) -> (Option<i32>, String, String) {
+        drop(self.child.stdin.take());
+        let status = self.child.wait().expect("corral chat exits");
+        // Let the reader threads drain the pipes.
+        std::thread::sleep(Duration::from_millis(100));
+        let stdout = self.stdout.lock().map(|s| s.clone()).unwrap_or_default();
+        (status.code(), stdout, self.stderr())
+    }
+}
+
+fn setup() -> (tempfile::TempDir, String, Arc<AtomicU32>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let replies = json!([
+        {"toolCalls": [{"name": "run_js", "arguments": {"code": SCRIPT}}]},
+        {"text": ANSWER}
+    ]);
+    std::fs::write(dir.path().join("replies.json"), replies.to_string()).expect("replies");
+    let catalog = json!({"capabilities": [{
+        "id": "shop.orders.cancel",
+        "description": "Cancels an order.",
+        "input_schema": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+    }]});
+    std::fs::write(dir.path().join("catalog.json"), catalog.to_string()).expect("catalog");
+    let calls = Arc::new(AtomicU32::new(0));
+    let url = webhook(Arc::clone(&calls));
+    (dir, url, calls)
+}
+
+const PROMPT: &str = "approve? [y/N]";
+const SHOWN: &str = "tools.shop.orders.cancel({id: 'A-7'})";
+
+/// Answers the pending approval in a second process and checks it ran once.
+fn approve_later(dir: &Path, url: &str, calls: &AtomicU32) {
+    let mut later = Chat::start(dir, url);
+    // The same question, before any new message is asked for.
+    later.wait_for(PROMPT, 1);
+    assert!(
+        later.stderr().contains(SHOWN),
+        "not the same script:\n{}",
+        later.stderr()
+    );
+    later.type_line("y");
+    later.wait_for("you> ", 1);
+    let (code, stdout, stderr) = later.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(ANSWER),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{stderr}");
+
+    // Nothing is pending any more: a third start asks for a message, not an approval.
+    let third = Chat::start(dir, url);
+    third.wait_for("you> ", 1);
+    let (code, _, stderr) = third.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains(PROMPT), "asked again:\n{stderr}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn end_of_input_at_the_prompt_leaves_the_approval_for_the_next_chat() {
+    let (dir, url, calls) = setup();
+    let mut first = Chat::start(dir.path(), &url);
+    first.wait_for("you> ", 1);
+    first.type_line("cancel order A-7");
+    first.wait_for(PROMPT, 1);
+    assert!(first.stderr().contains(SHOWN), "{}", first.stderr());
+    let (code, _, stderr) = first.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("left pending"), "{stderr}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "ran before approval");
+    approve_later(dir.path(), &url, &calls);
+}
+
+#[test]
+fn ctrl_c_at_the_prompt_ends_the_chat_and_keeps_the_approval() {
+    let (dir, url, calls) = setup();
+    let mut first = Chat::start(dir.path(), &url);
+    first.wait_for("you> ", 1);
+    first.type_line("cancel order A-7");
+    first.wait_for(PROMPT, 1);
+    let status = Command::new("kill")
+        .args(["-INT", &first.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let status = first.child.wait().expect("exits");
+    assert_eq!(status.code(), Some(130), "{}", first.stderr());
+    first.wait_for("interrupted; continue with: corral chat --session s1", 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "ran before approval");
+    approve_later(dir.path(), &url, &calls);
+}
