@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions};
 use corral_server::manifest::{Manifest, manifest_hash};
 use corral_server::script::ScriptRunner;
 use corral_server::{Config, Server, StoreLocation, TokenConfig, TurnRunner};
@@ -85,14 +86,18 @@ pub fn run(args: ServeArgs) -> ExitCode {
 /// `CORRAL_TURN_ENGINE=script` selects the server's small scripted engine instead (its effects
 /// logged to `$CORRAL_SCRIPT_EFFECT_LOG`), which the server's own crash loop uses to test the
 /// server's invariants apart from the chat runtime.
-fn runner(_config: &Config) -> anyhow::Result<Arc<dyn TurnRunner>> {
+/// Agents' MCP servers live in `hub` (stopped after the server's graceful shutdown).
+fn runner(_config: &Config, hub: &McpHub) -> anyhow::Result<Arc<dyn TurnRunner>> {
     if std::env::var("CORRAL_TURN_ENGINE").as_deref() == Ok("script") {
         let log = std::env::var_os("CORRAL_SCRIPT_EFFECT_LOG").map(PathBuf::from);
         return Ok(Arc::new(ScriptRunner::new(log)));
     }
     let sandbox = corral_sandbox::Sandbox::new(corral_sandbox::SandboxConfig::default())
         .context("loading the sandbox")?;
-    Ok(Arc::new(corral_server::ChatTurnRunner::new(sandbox)))
+    Ok(Arc::new(corral_server::ChatTurnRunner::with_mcp(
+        sandbox,
+        hub.clone(),
+    )))
 }
 
 async fn open_store(location: &StoreLocation) -> anyhow::Result<Arc<dyn Store>> {
@@ -150,10 +155,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener.local_addr()?;
-    let runner = runner(&config)?;
+    // MCP secrets ({"secretRef": "NAME"} in a manifest) come from $CORRAL_SECRET_NAME.
+    let hub = McpHub::new(
+        Arc::new(EnvSecretResolver::default()),
+        McpHubOptions::default(),
+    );
+    let runner = runner(&config, &hub)?;
     let server = Server::new(config, Arc::clone(&store), runner);
     println!("listening on http://{address}");
     let served = server.run(listener, shutdown_signal()).await;
+    hub.shutdown().await;
     drop(store);
     if let Some((_, folder)) = demo {
         // Give the store a moment to release its files before they go.

@@ -6,17 +6,23 @@
 //! - Capabilities: `builtin` ones run corral's example tools in-process, `webhook` ones are
 //!   POSTed to their `webhookUrl`, `action` ones become actions that external executors claim
 //!   (the turn waits until their result arrives).
+//! - `mcpServers` are started lazily in one [`McpHub`] for the process (shared by every session
+//!   of agents that declare the same server, stopped by [`ChatTurnRunner::shutdown`]); their
+//!   tools are bound after the manifest's capabilities, their secrets (`{"secretRef": "NAME"}`,
+//!   from `CORRAL_SECRET_NAME`) are redacted, and their tool lists are part of the checkpoint
+//!   fingerprint, so a turn paused before a tool list changed is refused on resume.
 //! - Every event the runtime emits is appended to the session's event stream under the fence.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use corral_catalog::{Catalog, Redactor};
+use corral_catalog::Catalog;
 use corral_chat::backends::{RoutingBackend, WebhookBackend};
 use corral_chat::{
     ApprovalPolicy, Decision, EventSink, Input, ModelLimits, RunError, RunEvent, RunResult,
     SandboxExecutorFactory, SinkError, StoreJournal,
 };
+use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions};
 use corral_models::{Model, Provider, ProviderConfig, ScriptedModel};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{Backend, Sandbox, ScriptUser, SessionLimits};
@@ -26,16 +32,32 @@ use serde_json::{Value, json};
 use crate::manifest::{Approval, BUILTIN_CAPABILITIES, Manifest, Mode, ModelSpec};
 use crate::runner::{TurnCheckpoint, TurnJob, TurnOutcome, TurnRunner};
 
-/// Runs turns with the chat runtime in one shared [`Sandbox`].
+/// Runs turns with the chat runtime in one shared [`Sandbox`], with one [`McpHub`] for the
+/// agents' MCP servers.
 #[derive(Debug, Clone)]
 pub struct ChatTurnRunner {
     sandbox: Sandbox,
+    mcp: McpHub,
 }
 
 impl ChatTurnRunner {
-    /// A runner whose scripts run in `sandbox`.
+    /// A runner whose scripts run in `sandbox`; MCP secrets come from `CORRAL_SECRET_*`.
     pub fn new(sandbox: Sandbox) -> Self {
-        ChatTurnRunner { sandbox }
+        let hub = McpHub::new(
+            Arc::new(EnvSecretResolver::default()),
+            McpHubOptions::default(),
+        );
+        ChatTurnRunner::with_mcp(sandbox, hub)
+    }
+
+    /// A runner whose agents' MCP servers live in `hub`.
+    pub fn with_mcp(sandbox: Sandbox, hub: McpHub) -> Self {
+        ChatTurnRunner { sandbox, mcp: hub }
+    }
+
+    /// Stops the MCP servers (at the server's shutdown).
+    pub async fn shutdown(&self) {
+        self.mcp.shutdown().await;
     }
 }
 
@@ -201,10 +223,30 @@ impl TurnRunner for ChatTurnRunner {
             Ok(model) => model,
             Err(error) => return failed("model_error", error),
         };
-        let fingerprint = format!(
+        let bound = match self
+            .mcp
+            .bind(
+                &manifest.mcp_servers,
+                catalog.capabilities().to_vec(),
+                Some(Arc::new(backend)),
+            )
+            .await
+        {
+            Ok(bound) => bound,
+            Err(error) => return failed("mcp_error", error.to_string()),
+        };
+        for error in &bound.errors {
+            tracing::warn!(session = %job.session.id, "MCP: {error}");
+        }
+        let mut fingerprint = format!(
             "{}@{}",
             job.session.manifest_hash, job.session.implementation_version
         );
+        if !bound.fingerprint.is_empty() {
+            fingerprint.push_str("+mcp:");
+            fingerprint.push_str(&bound.fingerprint);
+        }
+        let redactor = Arc::new(bound.redactor);
         let checkpoint = &job.checkpoint;
         // A checkpoint taken at a suspension carries the fingerprint it was taken under; an
         // approval keeps it. Resuming under another agent definition is refused.
@@ -234,7 +276,8 @@ impl TurnRunner for ChatTurnRunner {
                 )
             })
             .collect();
-        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest));
+        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest))
+            .with_redactor(Arc::clone(&redactor));
         let input = Input {
             model,
             limits: ModelLimits::default(),
@@ -252,9 +295,9 @@ impl TurnRunner for ChatTurnRunner {
                 session_id: job.session.id.clone(),
                 fence: job.fence.clone(),
             }),
-            backend: Arc::new(backend),
-            redactor: Arc::new(Redactor::default()),
-            capabilities: Arc::new(catalog),
+            backend: bound.backend,
+            redactor,
+            capabilities: Arc::new(bound.catalog),
             action_capabilities: actions,
             executor_factory: Some(Arc::new(factory)),
             instructions: manifest.instructions.clone(),

@@ -6,7 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 /// The built-in capabilities (corral's example tools) a `"kind": "builtin"` capability may name.
@@ -47,10 +46,12 @@ pub struct Manifest {
     /// Script limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
-    /// MCP servers whose tools become capabilities (their shape belongs to `corral-mcp`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Vec<Object>>)]
-    pub mcp_servers: Option<Vec<Value>>,
+    /// MCP servers whose tools become capabilities `NAME.tool` (stdio `{"name", "command",
+    /// "args", "env", "cwd"}` or streamable HTTP `{"name", "url", "headers"}`; secrets as
+    /// `{"secretRef": "NAME"}`, read from the server's `CORRAL_SECRET_NAME`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub mcp_servers: Vec<corral_mcp::McpServerConfig>,
 }
 
 /// The model an agent talks to.
@@ -232,59 +233,19 @@ impl Manifest {
         let catalog = serde_json::json!({ "capabilities": catalog }).to_string();
         corral_catalog::Catalog::from_json_str(&catalog)
             .map_err(|error| ManifestError(format!("manifest.capabilities: {error}")))?;
+        corral_mcp::validate_servers(&self.mcp_servers)
+            .map_err(|error| ManifestError(format!("manifest.mcpServers: {error}")))?;
         Ok(())
     }
 }
 
 /// `sha256:` + hex SHA-256 of the canonical JSON of `manifest`.
 pub fn manifest_hash(manifest: &Value) -> String {
-    let digest = Sha256::digest(canonical_json(manifest).as_bytes());
-    let mut text = String::with_capacity(7 + 64);
-    text.push_str("sha256:");
-    for byte in digest {
-        text.push_str(&format!("{byte:02x}"));
-    }
-    text
+    format!("sha256:{}", corral_chat::sha256_json(manifest))
 }
 
 /// Canonical JSON: object keys sorted, no whitespace, strings unescaped UTF-8.
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (index, key) in keys.into_iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                if let Some(inner) = map.get(key) {
-                    write_canonical(inner, out);
-                }
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (index, item) in items.iter().enumerate() {
-                if index > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
-    }
-}
+pub use corral_chat::canonical_json;
 
 #[cfg(test)]
 mod tests {

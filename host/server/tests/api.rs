@@ -150,6 +150,53 @@ async fn agents_are_registered_with_their_hash_and_validated() {
         .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
         .await;
     assert_error(status, &body, 400, "invalid_request");
+    // MCP server declarations are checked too, each error naming the field.
+    for (servers, named) in [
+        (
+            json!([{"name": "fs", "command": "npx", "url": "http://127.0.0.1:1/mcp"}]),
+            "mcpServers",
+        ),
+        (json!([{"name": "a.b", "command": "npx"}]), "mcpServers"),
+        (
+            json!([{"name": "fs", "command": "npx", "colour": "red"}]),
+            "colour",
+        ),
+        (
+            json!([{"name": "fs", "command": "npx"}, {"name": "fs", "command": "node"}]),
+            "mcpServers",
+        ),
+        (
+            json!([{"name": "fs", "command": "npx", "env": {"T": {"secret": "X"}}}]),
+            "mcpServers",
+        ),
+    ] {
+        let mut bad = manifest();
+        bad["mcpServers"] = servers.clone();
+        let (status, body) = h
+            .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
+            .await;
+        assert_error(status, &body, 400, "invalid_request");
+        assert!(
+            body["message"].as_str().unwrap_or("").contains(named),
+            "{servers}: {body}"
+        );
+    }
+    let mut good = manifest();
+    good["mcpServers"] = json!([{"name": "fs", "command": "npx", "args": ["-y", "x"],
+        "env": {"TOKEN": {"secretRef": "FS_TOKEN"}}, "needsApproval": {"write": true}}]);
+    let (status, body) = h
+        .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(good)))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = h
+        .call(
+            "PUT",
+            "/v1/agents/helper",
+            Some(OPERATOR),
+            Some(put(manifest())),
+        )
+        .await;
+    assert_eq!(status, 200);
     // Bad JSON.
     let (status, text) = h
         .request("PUT", "/v1/agents/helper", Some(OPERATOR), None)

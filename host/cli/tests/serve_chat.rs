@@ -1,0 +1,398 @@
+//! `corral serve` with its real turn engine, the chat runtime, end to end as the README's quick
+//! start promises: an agent whose script calls two webhook tools concurrently and an MCP tool
+//! (`@modelcontextprotocol/server-filesystem` over stdio, on a temporary folder), pauses for
+//! approval, survives a SIGKILL of the server and a restart on the same store, resumes without
+//! running any completed call twice, and streams every event over SSE with no gap.
+
+#![cfg(unix)]
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "e2e-operator-token-00001";
+
+/// The webhook tools' side: how often each capability was called, and the most calls in flight
+/// at once. Every call takes 300 ms, so two concurrent calls overlap.
+#[derive(Default)]
+struct Shop {
+    calls: Mutex<Vec<String>>,
+    in_flight: AtomicU32,
+    peak: AtomicU32,
+}
+
+impl Shop {
+    fn count(&self, capability: &str) -> usize {
+        self.calls
+            .lock()
+            .map(|c| c.iter().filter(|id| *id == capability).count())
+            .unwrap_or(0)
+    }
+}
+
+fn read_request(stream: &mut std::net::TcpStream) -> Option<Value> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if buffer.len() >= end + 4 + length {
+            return serde_json::from_slice(&buffer[end + 4..end + 4 + length]).ok();
+        }
+    }
+}
+
+fn webhook(shop: Arc<Shop>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let shop = Arc::clone(&shop);
+            std::thread::spawn(move || {
+                let Some(request) = read_request(&mut stream) else {
+                    return;
+                };
+                let capability = request["capability_id"].as_str().unwrap_or("").to_owned();
+                let now = shop.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                shop.peak.fetch_max(now, Ordering::SeqCst);
+                if let Ok(mut calls) = shop.calls.lock() {
+                    calls.push(capability.clone());
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                shop.in_flight.fetch_sub(1, Ordering::SeqCst);
+                let reply = json!({"ok": true, "output": {"from": capability}}).to_string();
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+                let _ = stream.write_all(response.as_bytes());
+            });
+        }
+    });
+    url
+}
+
+fn filesystem_server() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/node-tools/mcp/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(
+        path.exists(),
+        "the MCP test servers are not installed: run `bash host/mcp/tests/install-servers.sh` \
+         (scripts/test does)"
+    );
+    path
+}
+
+fn manifest(shop_url: &str, folder: &Path) -> Value {
+    let root = folder.display().to_string();
+    let code = format!(
+        "const [a, b] = await Promise.all([tools.shop.reserve({{sku: 'a'}}), tools.shop.charge({{sku: 'b'}})]);\n\
+         const note = await tools.fs.read_text_file({{path: {:?}}});\n\
+         return {{a, b, note}};",
+        format!("{root}/note.txt")
+    );
+    json!({
+        "id": "e2e",
+        "instructions": "Shop.",
+        "model": {"provider": "scripted", "replies": [
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": code}}]},
+            {"text": "Reserved, charged, and read the note."}
+        ]},
+        "capabilities": [
+            {"kind": "webhook", "id": "shop.reserve", "webhookUrl": shop_url,
+             "input_schema": {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}},
+            {"kind": "webhook", "id": "shop.charge", "webhookUrl": shop_url,
+             "input_schema": {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}}
+        ],
+        "mcpServers": [{"name": "fs", "command": "node",
+                        "args": [filesystem_server().display().to_string(), root]}]
+    })
+}
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(config: &Path, stderr: &Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(stderr)
+                    .map(Stdio::from)
+                    .expect("stderr file"),
+            )
+            .spawn()
+            .expect("corral serve starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let base = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(address) = line.strip_prefix("listening on ") {
+                        break address.trim().to_owned();
+                    }
+                }
+                _ => panic!(
+                    "corral serve exited before listening: {}",
+                    std::fs::read_to_string(stderr).unwrap_or_default()
+                ),
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, base }
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn call(
+    base: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let client = reqwest::Client::new();
+    let mut request = client
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(TOKEN)
+        .timeout(Duration::from_secs(10));
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn ok(base: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    let (status, body) = call(base, method, path, body).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+async fn wait_status(base: &str, session: &str, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = ok(
+            base,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{session}"),
+            None,
+        )
+        .await;
+        if view["status"] == status {
+            return view;
+        }
+        assert!(
+            !matches!(view["status"].as_str(), Some("failed" | "uncertain"))
+                || status == view["status"],
+            "the session ended {}: {view}",
+            view["status"]
+        );
+        assert!(Instant::now() < deadline, "never {status}: {view}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Every event from `after` on, over SSE, until `turn.completed`.
+async fn stream_until_completed(base: &str, session: &str, after: u64) -> Vec<Value> {
+    let response = reqwest::Client::new()
+        .get(format!(
+            "{base}/v1/sessions/{session}/events?cursor={after}"
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("SSE");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut stream = eventsource_stream::Eventsource::eventsource(response.bytes_stream());
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while let Ok(Some(message)) = tokio::time::timeout_at(deadline, stream.next()).await {
+        let message = message.expect("an SSE message");
+        let event: Value = serde_json::from_str(&message.data).expect("event JSON");
+        assert_eq!(message.id, event["cursor"].to_string(), "id is the cursor");
+        assert_eq!(message.event, event["type"].as_str().unwrap_or(""));
+        let done = event["type"] == "turn.completed";
+        events.push(event);
+        if done {
+            return events;
+        }
+    }
+    panic!("no turn.completed; saw {events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_turn_survives_sigkill_and_resumes_without_running_a_call_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = dir.path().join("files");
+    std::fs::create_dir(&files).expect("files dir");
+    std::fs::write(files.join("note.txt"), "ship on monday\n").expect("note");
+    let files = files.canonicalize().expect("canonical");
+    let shop = Arc::new(Shop::default());
+    let shop_url = webhook(Arc::clone(&shop));
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\n[[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n",
+            dir.path().join("corral.db").display()
+        ),
+    )
+    .expect("config");
+    let stderr = dir.path().join("serve.stderr");
+    let get = reqwest::Method::GET;
+    let put = reqwest::Method::PUT;
+    let post = reqwest::Method::POST;
+
+    let server = Server::start(&config, &stderr);
+    let base = server.base.clone();
+    ok(
+        &base,
+        put.clone(),
+        "/v1/agents/e2e",
+        Some(json!({"manifest": manifest(&shop_url, &files), "implementationVersion": "1"})),
+    )
+    .await;
+    ok(
+        &base,
+        put.clone(),
+        "/v1/sessions/s1",
+        Some(json!({"agentId": "e2e", "ownerUserId": "ada"})),
+    )
+    .await;
+    ok(
+        &base,
+        post.clone(),
+        "/v1/sessions/s1/commands",
+        Some(json!({"type": "message", "idempotencyKey": "m1", "content": "Buy it"})),
+    )
+    .await;
+    let paused = wait_status(&base, "s1", "paused").await;
+    let interaction = paused["waits"][0]["interactionId"]
+        .as_str()
+        .expect("an interaction")
+        .to_owned();
+    assert!(
+        paused["waits"][0]["arguments"]["code"]
+            .as_str()
+            .is_some_and(|code| code.contains("tools.fs.read_text_file")),
+        "{paused}"
+    );
+    assert_eq!(shop.count("shop.reserve"), 0, "ran before approval");
+
+    // SIGKILL while paused, then a new server process on the same store.
+    server.kill9();
+    let server = Server::start(&config, &stderr);
+    let base = server.base.clone();
+    let before = ok(
+        &base,
+        get.clone(),
+        "/v1/sessions/s1/items?cursor=0&limit=1000",
+        None,
+    )
+    .await;
+    let last_cursor = before["items"]
+        .as_array()
+        .and_then(|items| items.last())
+        .and_then(|e| e["cursor"].as_u64())
+        .expect("history survived");
+    let streamed = tokio::spawn({
+        let base = base.clone();
+        async move { stream_until_completed(&base, "s1", last_cursor).await }
+    });
+    ok(
+        &base,
+        post.clone(),
+        "/v1/sessions/s1/commands",
+        Some(json!({"type": "approve", "idempotencyKey": "a1", "interactionId": interaction, "approved": true})),
+    )
+    .await;
+    let events = streamed.await.expect("SSE task");
+    wait_status(&base, "s1", "completed").await;
+
+    // Each webhook call ran once, the two at the same time; the MCP tool's answer arrived.
+    assert_eq!(shop.count("shop.reserve"), 1);
+    assert_eq!(shop.count("shop.charge"), 1);
+    assert_eq!(
+        shop.peak.load(Ordering::SeqCst),
+        2,
+        "the two calls overlapped"
+    );
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "tool.finished" && e["data"]["name"] == "run_js")
+        .unwrap_or_else(|| panic!("no run_js result in {events:?}"));
+    let value = &finished["data"]["result"]["value"];
+    // server-filesystem declares an outputSchema, so the script gets its structured {content}.
+    assert_eq!(value["note"]["content"], "ship on monday\n", "{finished}");
+    assert_eq!(value["a"]["from"], "shop.reserve");
+    let completed = events.last().expect("events");
+    assert_eq!(
+        completed["data"]["output"]["text"],
+        "Reserved, charged, and read the note."
+    );
+
+    // The whole history has no gap and no duplicate, and SSE showed exactly its tail.
+    let all = ok(
+        &base,
+        get,
+        "/v1/sessions/s1/items?cursor=0&limit=1000",
+        None,
+    )
+    .await;
+    let cursors: Vec<u64> = all["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|e| e["cursor"].as_u64())
+        .collect();
+    assert_eq!(cursors, (1..=cursors.len() as u64).collect::<Vec<_>>());
+    let tail: Vec<u64> = events.iter().filter_map(|e| e["cursor"].as_u64()).collect();
+    assert_eq!(tail, cursors[last_cursor as usize..].to_vec());
+    drop(server);
+}
