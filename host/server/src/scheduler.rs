@@ -100,23 +100,47 @@ async fn run_segment(
             return;
         }
     }
-    // Keep the lease while the segment runs; losing it stops the segment.
+    // Keep the lease while the segment runs; losing it stops the segment. A cancel command
+    // taken by another replica (on PostgreSQL) reaches this one through the change feed: the
+    // session's new events are checked, and a cancelled session stops the segment.
     let renewer = {
         let store = Arc::clone(&store);
         let fence = fence.clone();
         let cancel = cancel.clone();
         let lease = runtime.config().lease;
+        let mut feed = store.subscribe_events();
         tokio::spawn(async move {
             let period = (lease / 3).max(Duration::from_millis(10));
+            let mut renew_at = tokio::time::Instant::now() + period;
             loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
-                    () = tokio::time::sleep(period) => {}
-                }
-                if let Err(error) = store.renew_lease(&fence, lease).await {
-                    tracing::warn!(%error, session = %fence.session_id, "lost the session lease");
-                    cancel.cancel();
-                    return;
+                    () = tokio::time::sleep_until(renew_at) => {
+                        renew_at = tokio::time::Instant::now() + period;
+                        if let Err(error) = store.renew_lease(&fence, lease).await {
+                            tracing::warn!(%error, session = %fence.session_id, "lost the session lease");
+                            cancel.cancel();
+                            return;
+                        }
+                    }
+                    notice = feed.recv() => {
+                        let ours = match &notice {
+                            Ok(notice) => notice.session_id == fence.session_id,
+                            // Lagged: some notice may have been ours.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                                feed = store.subscribe_events();
+                                false
+                            }
+                        };
+                        if ours
+                            && let Ok(session) = store.get_session(&fence.session_id).await
+                            && session.status == corral_store::SessionStatus::Cancelled
+                        {
+                            cancel.cancel();
+                            return;
+                        }
+                    }
                 }
             }
         })

@@ -53,6 +53,17 @@ impl TurnRunner for Exclusive {
     }
 }
 
+/// One PostgreSQL server for the tests of this binary (each uses its own database): two
+/// servers started at once by tests running in parallel can race for one port. It stops when
+/// the test process exits (`PgServer`'s watchdog).
+fn postgres() -> &'static PgServer {
+    static SERVER: std::sync::OnceLock<Result<PgServer, String>> = std::sync::OnceLock::new();
+    match SERVER.get_or_init(|| PgServer::start().map_err(|e| e.to_string())) {
+        Ok(server) => server,
+        Err(error) => panic!("PostgreSQL is needed for this test: {error}"),
+    }
+}
+
 async fn replica(
     config: corral_store::PostgresConfig,
     watch: Arc<Watch>,
@@ -105,10 +116,7 @@ async fn call(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_never_run_the_same_turn_and_finish_every_turn() {
-    let pg = match PgServer::start() {
-        Ok(pg) => pg,
-        Err(error) => panic!("PostgreSQL is needed for this test: {error}"),
-    };
+    let pg = postgres();
     let config = pg.create_database("replicas").await.expect("database");
     let watch = Arc::new(Watch::default());
     let (a, stop_a) = replica(config.clone(), Arc::clone(&watch)).await;
@@ -181,6 +189,106 @@ async fn two_replicas_never_run_the_same_turn_and_finish_every_turn() {
         .as_array()
         .map(|i| i.iter().filter(|e| e["type"] == "tool.started").count());
     assert_eq!(started, Some(2 * TURNS));
+    let _ = stop_a.send(());
+    let _ = stop_b.send(());
+}
+
+/// Whether the replica watched by `watch` is running a segment of `session` now.
+fn runs(watch: &Watch, session: &str) -> bool {
+    watch
+        .running
+        .lock()
+        .map(|r| r.contains(session))
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_taken_by_one_replica_stops_the_turn_running_on_the_other() {
+    let pg = postgres();
+    let config = pg
+        .create_database("replica_cancel")
+        .await
+        .expect("database");
+    let (watch_a, watch_b) = (Arc::new(Watch::default()), Arc::new(Watch::default()));
+    let (a, stop_a) = replica(config.clone(), Arc::clone(&watch_a)).await;
+    let (b, stop_b) = replica(config, Arc::clone(&watch_b)).await;
+    let client = reqwest::Client::new();
+    let manifest = json!({"id": "helper", "model": {"provider": "scripted"}});
+    let (status, body) = call(
+        &client,
+        reqwest::Method::PUT,
+        format!("{a}/v1/agents/helper"),
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(
+        &client,
+        reqwest::Method::PUT,
+        format!("{a}/v1/sessions/long"),
+        Some(json!({"agentId": "helper", "ownerUserId": "u"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // A turn that would run for 30 s unless it is cancelled.
+    let (status, body) = call(
+        &client,
+        reqwest::Method::POST,
+        format!("{a}/v1/sessions/long/commands"),
+        Some(json!({"type": "message", "idempotencyKey": "m", "content": "sleep:30000 tool"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (runner, other) = loop {
+        if runs(&watch_a, "long") {
+            break (Arc::clone(&watch_a), b.clone());
+        }
+        if runs(&watch_b, "long") {
+            break (Arc::clone(&watch_b), a.clone());
+        }
+        assert!(Instant::now() < deadline, "no replica took the turn");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The cancel goes to the replica that is not running the turn.
+    let (status, body) = call(
+        &client,
+        reqwest::Method::POST,
+        format!("{other}/v1/sessions/long/commands"),
+        Some(json!({"type": "cancel", "idempotencyKey": "c", "reason": "changed my mind"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let cancelled = Instant::now();
+    while runs(&runner, "long") {
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(10),
+            "the running replica never noticed the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_, view) = call(
+        &client,
+        reqwest::Method::GET,
+        format!("{other}/v1/sessions/long"),
+        None,
+    )
+    .await;
+    assert_eq!(view["status"], "cancelled", "{view}");
+    // The aborted turn wrote nothing after the cancel: its `tool` step never started.
+    let (_, page) = call(
+        &client,
+        reqwest::Method::GET,
+        format!("{a}/v1/sessions/long/items?limit=1000"),
+        None,
+    )
+    .await;
+    let types: Vec<&str> = page["items"]
+        .as_array()
+        .map(|i| i.iter().filter_map(|e| e["type"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(!types.contains(&"tool.started"), "{types:?}");
+    assert_eq!(types.last(), Some(&"turn.cancelled"), "{types:?}");
     let _ = stop_a.send(());
     let _ = stop_b.send(());
 }
