@@ -8,7 +8,8 @@
 //
 // Core concepts:
 // - Sandbox: compiles the guest's core modules once (one per memory cap, see memoryModule) and
-//   keeps a spare worker started, so that a new session only instantiates.
+//   keeps a started worker ready (a spare one, or one a closed session gave back), so that a new
+//   session only instantiates a fresh guest.
 // - Session: one guest instance in its own worker. The guest runs there; tools run here, on the
 //   main thread. The worker posts each call the guest starts (`host.start-call`) at once, so the
 //   calls of a `Promise.all` are all in flight together; finished calls go back as one `resume`
@@ -29,6 +30,8 @@ export { CatalogError } from './catalog.js'
 const GEN = new URL('../gen/', import.meta.url)
 const CORE_MODULES = ['corral-guest.core.wasm', 'corral-guest.core2.wasm', 'corral-guest.core3.wasm']
 const PAGE = 64 << 10
+/** Workers of closed sessions kept for new sessions. */
+const MAX_IDLE_WORKERS = 2
 
 /** The maximum the guest's linear memory declares; no session may have a larger cap. */
 export const GUEST_MAX_MEMORY_BYTES = 1 << 30
@@ -69,7 +72,8 @@ class Sandbox {
   #spareWorkers
   #core = null
   #modulesByCap = new Map()
-  #spare = null
+  /** Started workers holding no guest: a spare one, and those of closed sessions. */
+  #idle = []
   #closed = false
 
   constructor({ stackSizeMb = 4, spareWorker = true, ...rest } = {}) {
@@ -89,12 +93,10 @@ class Sandbox {
     return session
   }
 
-  /** Stops the spare worker. Sessions already created keep working until they are closed. */
+  /** Stops the idle workers. Sessions already created keep working until they are closed. */
   close() {
     this.#closed = true
-    const spare = this.#spare
-    this.#spare = null
-    if (spare) void spare.terminate()
+    for (const worker of this.#idle.splice(0)) void worker.terminate()
   }
 
   /** The compiled core modules for a session whose memory cap is `capBytes`. @internal */
@@ -112,13 +114,27 @@ class Sandbox {
     return modules
   }
 
-  /** A started worker for a new guest instance (the spare one when there is one). @internal */
+  /** A started worker for a new guest instance (an idle one when there is one). @internal */
   takeWorker() {
-    let worker = this.#spare
-    this.#spare = null
-    worker ??= this.#spawn()
-    if (this.#spareWorkers && !this.#closed) this.#spare = this.#spawn()
+    const worker = this.#idle.pop() ?? this.#spawn()
+    if (this.#spareWorkers && !this.#closed && this.#idle.length === 0) this.#idle.push(this.#spawn())
     return worker
+  }
+
+  /**
+   * Takes back the worker of a closed session whose guest did not trap or overrun: it has
+   * dropped its instance, so the next session instantiates a fresh guest in it without paying
+   * for a new thread. Nothing of the old session's guest survives but garbage.
+   * @internal
+   */
+  recycleWorker(worker) {
+    if (this.#closed || this.#idle.length >= MAX_IDLE_WORKERS) {
+      void worker.terminate()
+      return
+    }
+    worker.postMessage({ type: 'drop' })
+    worker.unref()
+    this.#idle.push(worker)
   }
 
   #spawn() {
@@ -289,6 +305,9 @@ class Session {
   /** Whether the worker holds a live, initialized guest instance. */
   #ready = false
   #listener = null
+  #detach = null
+  /** Whether a script is running (its worker is then not recycled on close). */
+  #running = false
   #scriptsRun = 0
   #queue = Promise.resolve()
   #closed = false
@@ -328,15 +347,23 @@ class Session {
     if (this.#worker === null) {
       this.#worker = this.#sandbox.takeWorker()
       const worker = this.#worker
-      worker.on('message', (message) => this.#listener?.(message))
-      worker.on('error', (error) => this.#listener?.({ type: 'worker-error', error }))
-      worker.on('exit', () => {
+      const onMessage = (message) => this.#listener?.(message)
+      const onError = (error) => this.#listener?.({ type: 'worker-error', error })
+      const onExit = () => {
         if (this.#worker === worker) {
           this.#worker = null
           this.#ready = false
           this.#listener?.({ type: 'worker-exit' })
         }
-      })
+      }
+      worker.on('message', onMessage)
+      worker.on('error', onError)
+      worker.on('exit', onExit)
+      this.#detach = () => {
+        worker.off('message', onMessage)
+        worker.off('error', onError)
+        worker.off('exit', onExit)
+      }
     }
     const worker = this.#worker
     worker.ref()
@@ -376,11 +403,15 @@ class Session {
 
   /** Ends the session: its worker is terminated and calls still running are abandoned. */
   close() {
+    if (this.#closed) return
     this.#closed = true
-    this.#ready = false
     const worker = this.#worker
     this.#worker = null
-    if (worker) void worker.terminate()
+    if (!worker) return
+    this.#detach?.()
+    if (this.#ready && !this.#running) this.#sandbox.recycleWorker(worker)
+    else void worker.terminate()
+    this.#ready = false
   }
 
   async #run(source) {
@@ -410,6 +441,7 @@ class Session {
     }
     const worker = this.#worker
     worker.ref()
+    this.#running = true
     try {
       return await new ScriptRun(this.#bindings, this.#limits, this.#id, scriptId, started).drive(
         worker,
@@ -427,6 +459,7 @@ class Session {
         },
       )
     } finally {
+      this.#running = false
       this.#listener = null
       worker.unref()
     }

@@ -9,7 +9,8 @@
 // catch it), so the instance is dropped and the main thread reports the limit.
 //
 // Messages from the main thread: {type: 'instantiate', modules, config, limits},
-// {type: 'run', source, scriptId}, {type: 'resume', completions}.
+// {type: 'run', source, scriptId}, {type: 'resume', completions}, {type: 'drop'} (the session
+// was closed; the worker is kept for another session's fresh instance).
 // Messages to it: {type: 'call', callId, binding, argsJson}, {type: 'log', level, message,
 // fieldsJson}, {type: 'ready'} | {type: 'init-failed', message}, {type: 'state', state, result?,
 // memoryBytes}, {type: 'trap', limit?, kind, message, memoryBytes}.
@@ -171,6 +172,11 @@ parentPort.on('message', (message) => {
         break
       }
       drive(() => guest.resume(message.completions))
+      break
+    case 'drop':
+      // The session was closed; the worker waits for the next one.
+      guest = null
+      memory = null
       break
     default:
       break

@@ -20,16 +20,14 @@ test('calls of a Promise.all are in flight at once', async () => {
     return n
   }
   const session = await sandbox.session({ tools: { slow } })
-  const started = performance.now()
   const report = await session.run('return await Promise.all([1, 2, 3, 4].map((n) => tools.slow({ n })))')
-  const elapsed = performance.now() - started
   session.close()
   assert.deepEqual(report.value, [1, 2, 3, 4])
   assert.equal(spans.length, 4)
   const lastStart = Math.max(...spans.map((s) => s.start))
   const firstEnd = Math.min(...spans.map((s) => s.end))
+  // Timestamps, not a wall-clock bound (the machine may be loaded): all four were running at once.
   assert.ok(lastStart < firstEnd, `every call started before the first finished: ${JSON.stringify(spans)}`)
-  assert.ok(elapsed < 2 * 200, `four 200 ms calls took ${elapsed} ms, so they did not overlap`)
 })
 
 test('max_concurrent_calls bounds the calls in flight', async () => {
@@ -50,14 +48,11 @@ test('max_concurrent_calls bounds the calls in flight', async () => {
 
 test('the deadline stops while(true){} and the session runs on with a fresh instance', async () => {
   const session = await sandbox.session({ limits: { timeout_ms: 200 } })
-  const started = performance.now()
   const report = await session.run('while (true) {}')
-  const elapsed = performance.now() - started
   assert.equal(report.ok, false)
   assert.equal(report.error.kind, 'deadline_exceeded')
   assert.equal(report.error.limit, 'deadline')
   assert.equal(report.error.calls_started, 0)
-  assert.ok(elapsed < 2000, `stopped after ${elapsed} ms`)
   const after = await session.run('return 6 * 7')
   session.close()
   assert.equal(after.value, 42)
@@ -139,6 +134,16 @@ test('calls a script leaves behind are aborted when it returns', async () => {
   assert.equal(report.value, 'done')
   await sleep(10)
   assert.equal(aborted, true)
+})
+
+test('a closed session gives its worker back, and the next session gets a fresh guest', async () => {
+  const first = await sandbox.session()
+  await first.run('globalThis.leak = "secret"')
+  first.close()
+  const second = await sandbox.session()
+  const report = await second.run('return typeof globalThis.leak')
+  second.close()
+  assert.equal(report.value, 'undefined')
 })
 
 test('binding collisions fail when the session is created', async () => {
