@@ -208,6 +208,13 @@ test('the guest memory declares a 1 GiB maximum', () => {
   assert.equal(maximum, GUEST_MAX_MEMORY_BYTES)
 })
 
+test('the README shows examples/hello.mjs as it is', () => {
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
+  const block = readme.match(/```js\n([\s\S]*?)```/)
+  assert.ok(block, 'README.md has no js example')
+  assert.equal(block[1], readFileSync(new URL('../examples/hello.mjs', import.meta.url), 'utf8'))
+})
+
 test('the README example runs', () => {
   const out = execFileSync(process.execPath, [new URL('../examples/hello.mjs', import.meta.url).pathname]).toString()
   assert.equal(out.trim(), '["Oslo: 21°C","Lima: 21°C"]')
