@@ -5,7 +5,10 @@
 //
 // prints one JSON document: {node, date, machine, peers, results: [{peer, workload, unit, n,
 // p50, p99, min, max, mean, note}]}. Workloads:
-//   new_session     new session + `return 1+1` + close, per session (us)
+//   new_session     new session + `return 1+1` + close, per session (us), back to back: the
+//                   guest's instantiation (milliseconds in V8) is on the measured path
+//   new_session_prepared  the same with unmeasured idle time between sessions, in which the
+//                   sandbox's idle workers instantiate the next guests ahead of time
 //   call_roundtrip  one awaited async host call inside a script, per call (us): each sample is
 //                   a run of CALLS sequential `await tools.host({})`, divided by CALLS
 // Each (peer, workload) runs in its own child process, as bench/peers/run.mjs does, so one
@@ -21,8 +24,9 @@ import { createSandbox } from './src/index.js'
 const quick = process.argv.includes('--quick')
 const CALLS = 200
 const COUNTS = quick
-  ? { sessions: 100, warmSessions: 30, qjsSessions: 500, runs: 10 }
-  : { sessions: 1000, warmSessions: 100, qjsSessions: 2000, runs: 50 }
+  ? { sessions: 100, preparedSessions: 50, warmSessions: 30, qjsSessions: 500, runs: 10 }
+  : { sessions: 1000, preparedSessions: 300, warmSessions: 100, qjsSessions: 2000, runs: 50 }
+const PREPARE_PAUSE_MS = 20
 const now = () => process.hrtime.bigint()
 const us = (ns) => Number(ns) / 1e3
 
@@ -58,6 +62,29 @@ const peers = {
       return {
         samples,
         note: 'sandbox.session() (a fresh guest instance + init in an idle worker) + run("return 1+1") + close(); guest compiled once per sandbox',
+      }
+    },
+    async new_session_prepared() {
+      const sandbox = createSandbox()
+      const one = async () => {
+        const session = await sandbox.session()
+        const report = await session.run('return 1+1')
+        session.close()
+        if (report.value !== 2) throw new Error(`1+1 gave ${JSON.stringify(report)}`)
+      }
+      for (let i = 0; i < COUNTS.warmSessions; i++) await one()
+      const samples = []
+      for (let i = 0; i < COUNTS.preparedSessions; i++) {
+        // Idle time (not measured) in which the idle workers instantiate the next guests.
+        await new Promise((resolve) => setTimeout(resolve, PREPARE_PAUSE_MS))
+        const t0 = now()
+        await one()
+        samples.push(us(now() - t0))
+      }
+      sandbox.close()
+      return {
+        samples,
+        note: `as new_session, with ${PREPARE_PAUSE_MS} ms of unmeasured idle time before each session, in which an idle worker has instantiated the next guest: init + run + close only`,
       }
     },
     async call_roundtrip() {
@@ -158,8 +185,9 @@ if (childAt >= 0) {
 
 const results = []
 const versions = {}
-for (const workload of ['new_session', 'call_roundtrip']) {
+for (const workload of ['new_session', 'new_session_prepared', 'call_roundtrip']) {
   for (const peer of Object.keys(peers)) {
+    if (!peers[peer][workload]) continue
     process.stderr.write(`bench: ${peer} ${workload}\n`)
     const args = [new URL(import.meta.url).pathname, '--child', peer, workload, ...(quick ? ['--quick'] : [])]
     const child = spawnSync(process.execPath, args, { encoding: 'utf8', maxBuffer: 1 << 24 })

@@ -116,7 +116,8 @@ class Sandbox {
 
   /** A started worker for a new guest instance (an idle one when there is one). @internal */
   takeWorker() {
-    const worker = this.#idle.pop() ?? this.#spawn()
+    // The longest idle first: it has had the most time to prepare its instance.
+    const worker = this.#idle.shift() ?? this.#spawn()
     if (this.#spareWorkers && !this.#closed && this.#idle.length === 0) this.#idle.push(this.#spawn())
     return worker
   }
@@ -127,14 +128,20 @@ class Sandbox {
    * for a new thread. Nothing of the old session's guest survives but garbage.
    * @internal
    */
-  recycleWorker(worker) {
+  recycleWorker(worker, capBytes) {
     if (this.#closed || this.#idle.length >= MAX_IDLE_WORKERS) {
       void worker.terminate()
       return
     }
     worker.postMessage({ type: 'drop' })
+    this.#prepare(worker, capBytes)
     worker.unref()
     this.#idle.push(worker)
+  }
+
+  /** Has an idle worker instantiate a fresh guest for the next session with this cap. */
+  #prepare(worker, capBytes) {
+    worker.postMessage({ type: 'prepare', capBytes, modules: this.modulesFor(capBytes) })
   }
 
   #spawn() {
@@ -145,6 +152,7 @@ class Sandbox {
     })
     // An idle worker must not keep the process alive; a session refs it while it runs.
     worker.unref()
+    this.#prepare(worker, DEFAULT_LIMITS.memory_bytes)
     return worker
   }
 }
@@ -409,7 +417,7 @@ class Session {
     this.#worker = null
     if (!worker) return
     this.#detach?.()
-    if (this.#ready && !this.#running) this.#sandbox.recycleWorker(worker)
+    if (this.#ready && !this.#running) this.#sandbox.recycleWorker(worker, this.#limits.memory_bytes)
     else void worker.terminate()
     this.#ready = false
   }

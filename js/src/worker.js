@@ -10,7 +10,8 @@
 //
 // Messages from the main thread: {type: 'instantiate', modules, config, limits},
 // {type: 'run', source, scriptId}, {type: 'resume', completions}, {type: 'drop'} (the session
-// was closed; the worker is kept for another session's fresh instance).
+// was closed; the worker is kept for another session's fresh instance), {type: 'prepare',
+// modules, capBytes} (instantiate a fresh guest now, for the next session with that cap).
 // Messages to it: {type: 'call', callId, binding, argsJson}, {type: 'log', level, message,
 // fieldsJson}, {type: 'ready'} | {type: 'init-failed', message}, {type: 'state', state, result?,
 // memoryBytes}, {type: 'trap', limit?, kind, message, memoryBytes}.
@@ -27,6 +28,8 @@ class LimitTrap extends Error {
 
 /** The session's guest, or null before `instantiate` and after a trap. */
 let guest = null
+/** A fresh, not yet initialized instance made while the worker was idle ({capBytes, session, memory}). */
+let prepared = null
 /** The session's linear memory (to measure and cap it). */
 let memory = null
 let limits = null
@@ -138,12 +141,28 @@ function classifyTrap(error) {
 
 parentPort.on('message', (message) => {
   switch (message.type) {
+    case 'prepare':
+      // Instantiating costs milliseconds in V8; an idle worker does it ahead of the next session.
+      try {
+        const session = instantiateGuest(message.modules)
+        prepared = { capBytes: message.capBytes, session, memory }
+      } catch {
+        prepared = null
+      }
+      memory = null
+      break
     case 'instantiate': {
       limits = message.limits
       clock = message.config.clock
       peakMemory = 0
       try {
-        guest = instantiateGuest(message.modules)
+        if (prepared !== null && prepared.capBytes === limits.memory_bytes) {
+          guest = prepared.session
+          memory = prepared.memory
+        } else {
+          guest = instantiateGuest(message.modules)
+        }
+        prepared = null
         memoryBytes()
         // `init` throws jco's ComponentError carrying the guest's message when it refuses.
         guest.init(message.config)
