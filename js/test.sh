@@ -4,6 +4,9 @@
 # and runs test/*.test.mjs with node:test: the corpus under the JS host, concurrency, deadline,
 # fresh instances after traps, deny-all, validation, the component's imports, the README example
 # and the types under `tsc --strict`. Quiet on success; on failure prints the test output.
+# With CORRAL_BIN=path/to/corral, test/cross-host.test.mjs also runs each corpus script through
+# `corral exec` (wasmtime) and compares the two reports.
+# Exit status: 0 when every test passed, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 

@@ -8,8 +8,9 @@
 //
 // Core concepts:
 // - Sandbox: compiles the guest's core modules once (one per memory cap, see memoryModule) and
-//   keeps a started worker ready (a spare one, or one a closed session gave back), so that a new
-//   session only instantiates a fresh guest.
+//   keeps started workers ready (a spare one, and those closed sessions gave back). An idle
+//   worker instantiates a fresh guest ahead of time, so that a new session usually only
+//   initializes it.
 // - Session: one guest instance in its own worker. The guest runs there; tools run here, on the
 //   main thread. The worker posts each call the guest starts (`host.start-call`) at once, so the
 //   calls of a `Promise.all` are all in flight together; finished calls go back as one `resume`
@@ -89,7 +90,13 @@ class Sandbox {
   async session(options = {}) {
     if (this.#closed) throw new Error('the sandbox is closed')
     const session = new Session(this, options)
-    await session.start()
+    try {
+      await session.start()
+    } catch (error) {
+      // Its worker must not linger: it holds a guest that refused the bindings.
+      session.close()
+      throw error
+    }
     return session
   }
 
