@@ -1,5 +1,6 @@
 //! `corral-bench`: corral's sandbox measured side by side with the sandboxes a user would pick
-//! instead (run in the same invocation), plus fuel per workload and the durable store step.
+//! instead (run in the same invocation), plus fuel per workload, the durable store step and the
+//! chat runtime's cost per turn.
 //!
 //! ```text
 //! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store]
@@ -126,9 +127,25 @@ fn main() -> anyhow::Result<()> {
             results.push(serde_json::from_value(value.clone()).context("a peer result")?);
         }
     }
-    let store = if args.store {
+    let (store, chat_turn) = if args.store {
         eprintln!("corral-bench: durable store step");
-        run_store_bench(plan)?
+        let quick = ["--steps", "50", "--seconds", "0.3"];
+        let store = run_example("durable_step_bench", "corral-store", plan.quick, &quick)?;
+        eprintln!("corral-bench: chat runtime per turn");
+        let turn = run_example("turn_bench", "corral-chat", plan.quick, &["--turns", "8"])?;
+        (store, turn)
+    } else {
+        (Value::Null, Value::Null)
+    };
+    let js_host = if args.peers {
+        eprintln!("corral-bench: the JavaScript host (node js/bench.mjs)");
+        run_js_host(plan)?
+    } else {
+        Value::Null
+    };
+    let mcp = if args.peers {
+        eprintln!("corral-bench: MCP tool calls, corral and the TypeScript SDK");
+        run_mcp_bench(plan)?
     } else {
         Value::Null
     };
@@ -147,6 +164,9 @@ fn main() -> anyhow::Result<()> {
         "results": results,
         "fuel": fuel,
         "durable_step": store,
+        "chat_turn": chat_turn,
+        "mcp_call": mcp,
+        "js_host": js_host,
     });
     std::fs::write(
         out.join("results.json"),
@@ -174,51 +194,119 @@ async fn corral_workloads(plan: Plan) -> anyhow::Result<(Vec<Measurement>, Vec<V
 }
 
 fn run_peers(plan: Plan) -> anyhow::Result<Value> {
-    let dir = repo_root().join("bench/peers");
+    node_json(
+        &repo_root().join("bench/peers"),
+        "run.mjs",
+        plan.quick,
+        "bench/peers/install.sh",
+    )
+}
+
+/// The JS host (`js/`, the guest on jco in Node) beside quickjs-emscripten, measured by
+/// `js/bench.mjs` in this run.
+fn run_js_host(plan: Plan) -> anyhow::Result<Value> {
+    let dir = repo_root().join("js");
+    if !dir.join("gen").exists() {
+        return Ok(json!({"note": "the JS host is not built (bash js/setup.sh)"}));
+    }
+    node_json(&dir, "bench.mjs", plan.quick, "js/setup.sh")
+}
+
+/// Runs `node SCRIPT [--quick]` in `dir` and parses the JSON document it prints; a failure
+/// names `setup`, the script that installs what it needs.
+fn node_json(dir: &Path, script: &str, quick: bool, setup: &str) -> anyhow::Result<Value> {
     let mut command = Command::new("node");
-    command.arg(dir.join("run.mjs")).current_dir(&dir);
-    if plan.quick {
+    command.arg(script).current_dir(dir);
+    if quick {
         command.arg("--quick");
     }
     let output = command
         .output()
-        .context("running node bench/peers/run.mjs (is Node.js installed?)")?;
+        .with_context(|| format!("running node {script} (is Node.js installed?)"))?;
     if !output.status.success() {
         bail!(
-            "the peers' harness failed (run bench/peers/install.sh first): {}",
+            "node {script} failed (run {setup} first): {}",
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    serde_json::from_slice(&output.stdout).context("the peers' harness printed no JSON")
+    serde_json::from_slice(&output.stdout).with_context(|| format!("node {script} printed no JSON"))
 }
 
-fn run_store_bench(plan: Plan) -> anyhow::Result<Value> {
+/// Per-call time of a no-op MCP tool (server-everything's `echo`) over stdio and streamable
+/// HTTP, through corral's `McpBackend` (`corral-mcp`'s example `call_overhead`) and straight from
+/// the TypeScript SDK in Node (`bench/peers/mcp/direct.mjs`), in this run.
+fn run_mcp_bench(plan: Plan) -> anyhow::Result<Value> {
+    let calls = if plan.quick { "50" } else { "2000" };
+    let modules = repo_root().join("target/node-tools/mcp/node_modules");
+    if !modules.join("@modelcontextprotocol/sdk").exists() {
+        return Ok(
+            json!({"note": "the MCP servers are not installed (bash host/mcp/tests/install-servers.sh)"}),
+        );
+    }
+    let corral = run_example("call_overhead", "corral-mcp", true, &[calls])?;
+    let mut rows = match corral {
+        Value::Array(rows) => rows,
+        Value::Object(ref map) if map.contains_key("note") => return Ok(corral),
+        other => vec![other],
+    };
+    let output = Command::new("node")
+        .arg(repo_root().join("bench/peers/mcp/direct.mjs"))
+        .arg(calls)
+        .env("CORRAL_MCP_NODE_MODULES", &modules)
+        .output()
+        .context("running node bench/peers/mcp/direct.mjs")?;
+    if !output.status.success() {
+        bail!(
+            "bench/peers/mcp/direct.mjs failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        if line.starts_with('{') {
+            rows.push(serde_json::from_str(line)?);
+        }
+    }
+    Ok(json!({ "results": rows }))
+}
+
+/// Runs the release example `name` of `package` (built by `cargo build --release
+/// --all-targets`), with `quick_args` in a quick run, and returns the last JSON line it printed.
+fn run_example(
+    name: &str,
+    package: &str,
+    quick: bool,
+    quick_args: &[&str],
+) -> anyhow::Result<Value> {
     let exe = std::env::current_exe()?;
     let Some(release) = exe.parent() else {
         bail!("no folder for {}", exe.display());
     };
-    let bench = release.join("examples/durable_step_bench");
+    let bench = release.join("examples").join(name);
     if !bench.is_file() {
         return Ok(
-            json!({"note": format!("{} not built (cargo build --release -p corral-store --example durable_step_bench)", bench.display())}),
+            json!({"note": format!("{} not built (cargo build --release -p {package} --example {name})", bench.display())}),
         );
     }
     let mut command = Command::new(&bench);
-    if plan.quick {
-        command.args(["--steps", "50", "--seconds", "0.3"]);
+    if quick {
+        command.args(quick_args);
     }
     let output = command.output()?;
     if !output.status.success() {
         bail!(
-            "the durable step benchmark failed: {}",
+            "the benchmark {name} failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
     }
     let text = String::from_utf8_lossy(&output.stdout);
-    let last = text
+    let mut lines = text
         .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("no JSON line from the store benchmark")?;
-    Ok(serde_json::from_str(last)?)
+        .filter(|l| l.starts_with('{'))
+        .map(serde_json::from_str::<Value>)
+        .collect::<Result<Vec<_>, _>>()?;
+    match lines.len() {
+        0 => bail!("no JSON line from the benchmark {name}"),
+        1 => Ok(lines.remove(0)),
+        _ => Ok(Value::Array(lines)),
+    }
 }

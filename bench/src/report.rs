@@ -409,5 +409,85 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
             );
         }
     }
+    if let Some(rows) = document["js_host"]["results"].as_array() {
+        let _ = writeln!(
+            md,
+            "\n## The JavaScript host (`js/`, the guest on jco in Node)\n\nThe same guest run by V8 instead of wasmtime, in a worker thread per session (so tools can be async and a deadline can stop it), beside quickjs-emscripten on the caller's thread, in the same run. No fuel in this host.\n\n| workload | peer | unit | p50 | p99 | n |\n|---|---|---|---|---|---|"
+        );
+        for row in rows {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row["workload"].as_str().unwrap_or("?"),
+                row["peer"].as_str().unwrap_or("?"),
+                row["unit"].as_str().unwrap_or(""),
+                fmt_value(row["p50"].as_f64().unwrap_or(0.0)),
+                fmt_value(row["p99"].as_f64().unwrap_or(0.0)),
+                row["n"]
+            );
+        }
+    }
+
+    if let Some(rows) = document["mcp_call"]["results"].as_array() {
+        let _ = writeln!(
+            md,
+            "\n## MCP tool call, per call\n\nserver-everything's `echo` (a no-op), called one after another: through corral's `McpBackend` (validation aside: the call path a script's call takes after validation) and straight from the MCP TypeScript SDK in Node.\n\n| transport | corral p50 µs | corral p99 µs | TypeScript SDK p50 µs | TypeScript SDK p99 µs | ×N |\n|---|---|---|---|---|---|"
+        );
+        for transport in ["stdio", "http"] {
+            let pick = |client: &str| {
+                rows.iter().find(|r| {
+                    r["transport"] == transport
+                        && r["client"].as_str().is_some_and(|c| c.starts_with(client))
+                })
+            };
+            let (Some(corral), Some(sdk)) = (pick("corral"), pick("TypeScript")) else {
+                continue;
+            };
+            let figure = |row: &Value, key: &str| fmt_value(row[key].as_f64().unwrap_or(0.0));
+            let ratio = sdk["p50_us"].as_f64().unwrap_or(0.0)
+                / corral["p50_us"].as_f64().unwrap_or(1.0).max(1e-9);
+            let _ = writeln!(
+                md,
+                "| {transport} | {} | {} | {} | {} | **×{ratio:.1}** |",
+                figure(corral, "p50_us"),
+                figure(corral, "p99_us"),
+                figure(sdk, "p50_us"),
+                figure(sdk, "p99_us"),
+            );
+        }
+    }
+
+    if let Some(rows) = document["chat_turn"]["results"].as_array() {
+        let _ = writeln!(
+            md,
+            "\n## Chat runtime per turn\n\nThe scripted model and an instant backend, so model and tool time are nil. **turn**: a whole \
+             auto-confirmed turn (model call, one `run_js` of two concurrent calls, model answer) on a fresh session; \
+             **script alone**: that script in a fresh sandbox session; **runtime overhead** is their difference (journal, \
+             events, prompt). **replay 100**: a script of 100 awaited calls, then a gated call (`calls` policy); **run** \
+             is the turn up to its suspension, **resume** the approved resume, which replays the 100 calls from the \
+             journal.\n\n| store | turn p50 µs | turn p99 µs | script alone p50 µs | runtime overhead p50 µs | 100 calls run p50 µs | resume (replay) p50 µs | resume ÷ run |\n|---|---|---|---|---|---|---|---|"
+        );
+        for row in rows {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                row["store"].as_str().unwrap_or("?"),
+                row["turn"]["p50_us"],
+                row["turn"]["p99_us"],
+                row["script_alone"]["p50_us"],
+                row["runtime_overhead_p50_us"],
+                row["replay_100"]["run"]["p50_us"],
+                row["replay_100"]["resume"]["p50_us"],
+                row["replay_100"]["resume_over_run"]
+            );
+        }
+        for note in document["chat_turn"]["notes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(md, "\n{}", note.as_str().unwrap_or(""));
+        }
+    }
     Ok(md)
 }

@@ -39,6 +39,26 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
     .expect("results.json is JSON");
     let report = std::fs::read_to_string(out.path().join("REPORT.md")).expect("REPORT.md written");
     assert!(report.contains("## Targets"), "{report}");
+    // The chat runtime's turn and replay figures, on both stores, and MCP calls beside the SDK.
+    assert!(report.contains("## Chat runtime per turn"), "{report}");
+    let turn_stores: Vec<&str> = results["chat_turn"]["results"]
+        .as_array()
+        .map(|rows| rows.iter().filter_map(|r| r["store"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        turn_stores,
+        ["embedded", "PostgreSQL"],
+        "{}",
+        results["chat_turn"]
+    );
+    assert!(report.contains("## MCP tool call, per call"), "{report}");
+    assert!(report.contains("## The JavaScript host"), "{report}");
+    assert_eq!(
+        results["mcp_call"]["results"].as_array().map(Vec::len),
+        Some(4),
+        "corral and the SDK over stdio and HTTP: {}",
+        results["mcp_call"]
+    );
 
     let measured = |peer: &str, workload: &str| -> bool {
         results["results"].as_array().is_some_and(|list| {

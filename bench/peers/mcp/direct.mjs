@@ -1,17 +1,22 @@
 // Per-call time of server-everything's `echo` called straight from the MCP TypeScript SDK, over
 // stdio and streamable HTTP: the peer of `cargo run --release -p corral-mcp --example
 // call_overhead`. Same server, same tool, same number of calls; one JSON line per transport.
-//   (cd bench/peers/mcp && npm install && node direct.mjs [CALLS])
+// The SDK and the server are the ones host/mcp/tests/install-servers.sh installs (same pinned
+// versions as corral's MCP tests), found through CORRAL_MCP_NODE_MODULES.
+//   CORRAL_MCP_NODE_MODULES=target/node-tools/mcp/node_modules node direct.mjs [CALLS]
 import { spawn } from "node:child_process";
-import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { connect } from "node:net";
+import { join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+
+const modules = resolve(process.env.CORRAL_MCP_NODE_MODULES ?? "../../../target/node-tools/mcp/node_modules");
+const sdk = async (path) => import(pathToFileURL(join(modules, "@modelcontextprotocol/sdk/dist/esm", path)).href);
+const { Client } = await sdk("client/index.js");
+const { StdioClientTransport } = await sdk("client/stdio.js");
+const { StreamableHTTPClientTransport } = await sdk("client/streamableHttp.js");
 
 const calls = Number(process.argv[2] ?? 2000);
-const require = createRequire(import.meta.url);
-const everything = join(dirname(require.resolve("@modelcontextprotocol/server-everything/package.json")), "dist/index.js");
+const everything = join(modules, "@modelcontextprotocol/server-everything/dist/index.js");
 
 async function measure(transportName, transport) {
   const client = new Client({ name: "bench", version: "1.0.0" });
@@ -34,7 +39,16 @@ async function measure(transportName, transport) {
 await measure("stdio", new StdioClientTransport({ command: process.execPath, args: [everything, "stdio"], stderr: "ignore" }));
 const port = 30000 + Math.floor(Math.random() * 20000);
 const server = spawn(process.execPath, [everything, "streamableHttp"], { env: { ...process.env, PORT: String(port) }, stdio: "ignore" });
-await new Promise((resolve) => setTimeout(resolve, 1500));
+// Wait (up to 30 s) until the server accepts connections.
+for (let tries = 0; ; tries++) {
+  const up = await new Promise((done) => {
+    const socket = connect(port, "127.0.0.1", () => { socket.end(); done(true); });
+    socket.on("error", () => done(false));
+  });
+  if (up) break;
+  if (tries > 300) throw new Error(`server-everything did not listen on ${port}`);
+  await new Promise((done) => setTimeout(done, 100));
+}
 try {
   await measure("http", new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${port}/mcp`)));
 } finally {

@@ -43,7 +43,16 @@ async fn main() -> anyhow::Result<()> {
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Wait (up to 30 s) until the server accepts connections.
+    let mut tries = 0;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        tries += 1;
+        anyhow::ensure!(tries < 300, "server-everything did not listen on {port}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let hub = McpHub::new(Arc::new(StaticSecrets::default()), McpHubOptions::default());
     let servers = [
