@@ -11,18 +11,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 die() { echo "js/test.sh: $*" >&2; exit 1; }
-command -v node >/dev/null 2>&1 || die "node is not installed: Node.js 20 or newer is needed"
-command -v npm >/dev/null 2>&1 || die "npm is not installed (it comes with Node.js)"
-[ "$(node -p 'process.versions.node.split(".")[0]')" -ge 20 ] || die "Node.js $(node --version) is too old: 20 or newer is needed"
-
-stamp="node_modules/.corral-stamp"
-want="$(node -p 'process.version') $(sha256sum package-lock.json | cut -c1-16)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  npm ci --no-audit --no-fund --loglevel=error >/dev/null || die "npm ci failed"
-  echo "$want" > "$stamp"
-fi
-
-node scripts/build.mjs
+bash ./setup.sh
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
