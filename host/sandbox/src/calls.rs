@@ -73,6 +73,9 @@ pub(crate) struct CallTable {
     ready: Vec<Completion>,
     /// Calls the backend holds: they never complete in this run.
     held: Vec<HeldCall>,
+    /// Rejections handed to the guest in this run: (name, message, tool call id). What makes a
+    /// script's error a call's failure is that it is one of these, not what it calls itself.
+    delivered_rejections: Vec<(String, String, String)>,
     /// Calls started by the current script.
     pub(crate) started: u32,
     /// Most calls that were in flight at once during the current script.
@@ -87,6 +90,7 @@ impl CallTable {
             queued: VecDeque::new(),
             ready: Vec::new(),
             held: Vec::new(),
+            delivered_rejections: Vec::new(),
             started: 0,
             peak_in_flight: 0,
             max_concurrent: max_concurrent.max(1) as usize,
@@ -101,6 +105,7 @@ impl CallTable {
         self.queued.clear();
         self.ready.clear();
         self.held.clear();
+        self.delivered_rejections.clear();
         self.started = 0;
         self.peak_in_flight = 0;
     }
@@ -127,10 +132,26 @@ impl CallTable {
         let mut batch = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(position) = self.ready.iter().position(|c| c.call_id == *id) {
-                batch.push(self.ready.remove(position));
+                let completion = self.ready.remove(position);
+                if let Err(error) = &completion.outcome {
+                    self.delivered_rejections.push((
+                        error.name.clone(),
+                        error.message.clone(),
+                        error.tool_call_id.clone(),
+                    ));
+                }
+                batch.push(completion);
             }
         }
         Ok(batch)
+    }
+
+    /// The tool call id of a rejection with this name and message delivered in this run.
+    pub(crate) fn rejection_id(&self, name: &str, message: &str) -> Option<String> {
+        self.delivered_rejections
+            .iter()
+            .find(|(n, m, _)| n == name && m == message)
+            .map(|(_, _, id)| id.clone())
     }
 
     /// Whether a call is running or queued, so that more completions can still become ready.
@@ -185,11 +206,21 @@ impl CallTable {
         };
         let input: Value = match crate::json::parse_guest_json(args_json) {
             Ok(Value::Array(items)) if items.len() == 1 => Value::Array(items),
-            _ => {
+            parsed => {
+                let why = if crate::json::deeper_than(args_json, crate::json::MAX_JSON_DEPTH) {
+                    format!(
+                        "its argument nests more than {} arrays and objects deep",
+                        crate::json::MAX_JSON_DEPTH - 1
+                    )
+                } else if parsed.is_err() {
+                    "its argument is not valid JSON".to_string()
+                } else {
+                    "it takes one object argument".to_string()
+                };
                 self.ready.push(rejection(
                     call_id,
                     "ValidationError",
-                    format!("{} takes one object argument", capability.id),
+                    format!("{}: {why}", capability.id),
                     tool_call_id,
                 ));
                 return;
