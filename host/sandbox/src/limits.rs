@@ -32,6 +32,10 @@ pub struct SessionLimits {
     pub max_log_bytes: u64,
     /// Size of a script's source text.
     pub max_script_bytes: u64,
+    /// Bytes of call inputs and results the host holds for a script at once: inputs of calls
+    /// queued or running, and results not yet handed to the script. Calls a script starts
+    /// without awaiting them are otherwise held on the host, outside the guest's memory cap.
+    pub max_call_bytes: u64,
 }
 
 impl Default for SessionLimits {
@@ -45,6 +49,7 @@ impl Default for SessionLimits {
             max_result_bytes: 1 << 20,
             max_log_bytes: 256 << 10,
             max_script_bytes: 256 << 10,
+            max_call_bytes: 32 << 20,
         }
     }
 }
@@ -102,6 +107,8 @@ pub enum Limit {
     ResultSize,
     /// Logs exceeded [`SessionLimits::max_log_bytes`].
     LogSize,
+    /// Call inputs and undelivered results exceeded [`SessionLimits::max_call_bytes`].
+    CallMemory,
 }
 
 impl Limit {
@@ -116,6 +123,7 @@ impl Limit {
             Limit::TotalCalls => "too_many_calls",
             Limit::ResultSize => "result_too_large",
             Limit::LogSize => "logs_too_large",
+            Limit::CallMemory => "call_memory_limit",
         }
     }
 }

@@ -716,6 +716,7 @@ impl ExecutorSession {
                 let fuel = fuel_consumed(&self.store, fuel_before);
                 let data = self.store.data_mut();
                 data.calls.collect_finished(&data.env);
+                check_call_bytes(&data.calls, &data.limits).map_err(Stopped::Trap)?;
                 if data.calls.is_idle() {
                     return Err(Stopped::Trap(wasmtime::Error::msg(
                         "the guest waited for completions with no call pending",
@@ -780,6 +781,20 @@ enum Stopped {
 
 fn limits_memory(store: &Store<SessionData>) -> u64 {
     store.data().limits.memory_bytes
+}
+
+/// Traps once the host holds more for the script's calls than `max_call_bytes`.
+fn check_call_bytes(calls: &CallTable, limits: &SessionLimits) -> wasmtime::Result<()> {
+    if calls.held_bytes > limits.max_call_bytes {
+        return Err(LimitTrap::error(
+            Limit::CallMemory,
+            format!(
+                "the host held {} bytes of call inputs and undelivered results, over the {} byte limit",
+                calls.held_bytes, limits.max_call_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Fuel the current script has used so far (0 without fuel metering).
@@ -852,7 +867,7 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
             &args_json,
             tool_call_id,
         );
-        Ok(())
+        check_call_bytes(&self.calls, &self.limits)
     }
 
     fn now_ms(&mut self) -> wasmtime::Result<u64> {
