@@ -3,11 +3,13 @@
 
 use javy::quickjs::{
     self, Array, Ctx, Exception, Function, Object, Persistent, Promise, Value,
-    context::EvalOptions, promise::PromiseState,
+    context::EvalOptions, object::Property, promise::PromiseState, qjs,
 };
 
 use crate::corral::sandbox::host;
-use crate::corral::sandbox::types::{Binding, CallValue, Completion, LogLevel, ScriptError, User};
+use crate::corral::sandbox::types::{
+    Binding, CallValue, Completion, LogLevel, RunState, ScriptError, User,
+};
 use crate::{PendingCall, SCRIPT_FILE_NAME, with_session};
 
 /// Scripts are evaluated as the body of an async arrow function. The prefix stays on the first
@@ -15,15 +17,155 @@ use crate::{PendingCall, SCRIPT_FILE_NAME, with_session};
 /// by its length in [`script_error`].
 const SCRIPT_PREFIX: &str = "(async () => {\"use strict\";";
 /// The suffix starts on a new line so a trailing `// comment` in the script cannot swallow it.
+/// Its `}` is the last one of the evaluated text: the parser's fence (see [`eval_script`]).
 const SCRIPT_SUFFIX: &str = "\n})()";
 
-pub(crate) fn wrap_script(source: &str) -> String {
+/// corral's QuickJS patch (`guest/patches/*-wrapper-fence-and-json-limit.patch`): the
+/// program's top-level function must end at the input's last `}`, so a script is parsed as a
+/// function body that no text inside it can close (`})(); (function(){` is a SyntaxError, not
+/// code outside the wrapper).
+const JS_EVAL_FLAG_CORRAL_FENCED_BODY: u32 = 1 << 10;
+
+/// JSON nests at most this many arrays and objects deep where it crosses the boundary (call
+/// arguments, log fields, results); deeper values are refused with a `TypeError`, because the
+/// host's JSON parser stops at a fixed depth (see `wit/sandbox.wit`).
+pub(crate) const MAX_JSON_DEPTH: usize = 100;
+
+unsafe extern "C" {
+    /// Limits the next `JSON.stringify` to `limit` characters and `max_depth` nested arrays
+    /// and objects (0: no limit). The limits are consumed by that call, so stringifications
+    /// nested in its `toJSON` calls are not limited.
+    fn JS_CorralSetNextJSONLimit(limit: usize, max_depth: i32);
+    /// Whether the last limited `JSON.stringify` stopped at its limit (and forgets it).
+    fn JS_CorralTakeJSONLimitHit() -> i32;
+}
+
+/// Evaluates `source` as the body of the async wrapper function and returns the wrapper's
+/// promise. Goes to `JS_Eval` directly because the fence is not an rquickjs option, and
+/// because the input is passed with its length (so a NUL byte in a script is just a character
+/// the tokenizer refuses with a located `SyntaxError`).
+pub(crate) fn eval_script<'js>(ctx: &Ctx<'js>, source: &str) -> quickjs::Result<Value<'js>> {
     let mut wrapped =
-        String::with_capacity(SCRIPT_PREFIX.len() + source.len() + SCRIPT_SUFFIX.len());
-    wrapped.push_str(SCRIPT_PREFIX);
-    wrapped.push_str(source);
-    wrapped.push_str(SCRIPT_SUFFIX);
-    wrapped
+        Vec::with_capacity(SCRIPT_PREFIX.len() + source.len() + SCRIPT_SUFFIX.len() + 1);
+    wrapped.extend_from_slice(SCRIPT_PREFIX.as_bytes());
+    wrapped.extend_from_slice(source.as_bytes());
+    wrapped.extend_from_slice(SCRIPT_SUFFIX.as_bytes());
+    let len = wrapped.len();
+    // QuickJS reads one byte past the end; it must be NUL.
+    wrapped.push(0);
+    let flags = qjs::JS_EVAL_TYPE_GLOBAL
+        | qjs::JS_EVAL_FLAG_BACKTRACE_BARRIER
+        | JS_EVAL_FLAG_CORRAL_FENCED_BODY;
+    // SAFETY: the context is alive for 'js; the input is `len` bytes followed by a NUL, and the
+    // file name is a C string literal. `JS_Eval` returns an owned value, which `from_raw` takes.
+    let value = unsafe {
+        let raw = qjs::JS_Eval(
+            ctx.as_raw().as_ptr(),
+            wrapped.as_ptr().cast(),
+            len as _,
+            c"script.js".as_ptr(),
+            flags as i32,
+        );
+        Value::from_raw(ctx.clone(), raw)
+    };
+    if value.is_exception() {
+        Err(quickjs::Error::Exception)
+    } else {
+        Ok(value)
+    }
+}
+
+/// A JavaScript string as Rust text. Lone UTF-16 surrogates (which QuickJS hands out as
+/// three-byte WTF-8 sequences) become U+FFFD, as they do in results, so no string a script
+/// makes is lost or turned into an error at the boundary.
+pub(crate) fn text_of(string: &quickjs::String<'_>) -> String {
+    let Ok(cstring) = string.clone().to_cstring() else {
+        return String::new();
+    };
+    // SAFETY: `as_ptr` points at `len` bytes owned by `cstring`, which outlives the slice.
+    let bytes = unsafe { std::slice::from_raw_parts(cstring.as_ptr().cast::<u8>(), cstring.len()) };
+    wtf8_to_text(bytes)
+}
+
+/// WTF-8 to UTF-8, with U+FFFD for each encoded surrogate.
+fn wtf8_to_text(bytes: &[u8]) -> String {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(text) => {
+                out.push_str(text);
+                break;
+            }
+            Err(error) => {
+                let valid = error.valid_up_to();
+                out.push_str(std::str::from_utf8(&rest[..valid]).unwrap_or_default());
+                let after = &rest[valid..];
+                // A surrogate is ED A0..BF 80..BF; anything else invalid (which QuickJS never
+                // produces) is skipped a byte at a time.
+                let skip = if after.len() >= 3
+                    && after[0] == 0xED
+                    && (0xA0..=0xBF).contains(&after[1])
+                    && (0x80..=0xBF).contains(&after[2])
+                {
+                    3
+                } else {
+                    error.error_len().unwrap_or(after.len()).max(1)
+                };
+                out.push('\u{FFFD}');
+                rest = &after[skip.min(after.len())..];
+            }
+        }
+    }
+    out
+}
+
+/// Whether JSON text nests arrays and objects more than `max` deep. Counts brackets outside
+/// strings; the text is `JSON.stringify` output, so it is well formed.
+pub(crate) fn json_deeper_than(text: &str, max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for byte in text.bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A data property that is writable, enumerable and configurable: defining it (unlike
+/// assigning it) never runs a setter a script put on `Object.prototype` or `Array.prototype`.
+fn define<'js, K: quickjs::IntoAtom<'js>, V: quickjs::IntoJs<'js>>(
+    object: &Object<'js>,
+    key: K,
+    value: V,
+) -> quickjs::Result<()> {
+    object.prop(
+        key,
+        Property::from(value).writable().enumerable().configurable(),
+    )
 }
 
 pub(crate) fn eval_options(file_name: &str) -> EvalOptions {
@@ -66,8 +208,19 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
                     "the argument cannot be serialized as JSON",
                 ));
             };
+            let input_json = text_of(&input_json);
+            // The argument array adds a level.
+            if json_deeper_than(&input_json, MAX_JSON_DEPTH - 1) {
+                return Err(Exception::throw_type(
+                    &ctx,
+                    &format!(
+                        "the argument nests more than {} arrays and objects deep",
+                        MAX_JSON_DEPTH - 1
+                    ),
+                ));
+            }
             // The positional argument array, without building a JavaScript array for it.
-            let args_json = format!("[{}]", input_json.to_string()?);
+            let args_json = format!("[{input_json}]");
             // The error a rejection will carry is created now, so its stack points at the
             // script line that made the call rather than at the host's completion.
             let site = Exception::from_message(ctx.clone(), "")?;
@@ -90,18 +243,35 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
     )
 }
 
-/// The native behind `console.*` and `log(...)`.
+/// The native behind `console.*` and `log(...)`: the prelude passes the level's index, the
+/// formatted message and the fields' JSON text (an object, or undefined).
 pub(crate) fn log_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
     Function::new(
         ctx.clone(),
-        |level: u32, message: String, fields: Option<String>| {
+        |ctx: Ctx<'js>,
+         level: u32,
+         message: quickjs::String<'js>,
+         fields: Option<quickjs::String<'js>>|
+         -> quickjs::Result<()> {
             let level = match level {
                 0 => LogLevel::Debug,
                 1 => LogLevel::Info,
                 2 => LogLevel::Warn,
                 _ => LogLevel::Error,
             };
-            host::log(level, &message, fields.as_deref());
+            let fields = fields.map(|fields| text_of(&fields));
+            if let Some(fields) = &fields
+                && json_deeper_than(fields, MAX_JSON_DEPTH)
+            {
+                return Err(Exception::throw_type(
+                    &ctx,
+                    &format!(
+                        "log(level, message, fields): fields nest more than {MAX_JSON_DEPTH} arrays and objects deep"
+                    ),
+                ));
+            }
+            host::log(level, &text_of(&message), fields.as_deref());
+            Ok(())
         },
     )
 }
@@ -170,13 +340,13 @@ pub(crate) fn bindings_to_js<'js>(
     let list = Array::new(ctx.clone())?;
     for (index, (id, js_path)) in bindings.iter().enumerate() {
         let entry = Array::new(ctx.clone())?;
-        entry.set(0, id.as_str())?;
+        define(&entry, 0u32, id.as_str())?;
         let path = Array::new(ctx.clone())?;
         for (i, part) in js_path.iter().enumerate() {
-            path.set(i, part.as_str())?;
+            define(&path, i as u32, part.as_str())?;
         }
-        entry.set(1, path)?;
-        list.set(index, entry)?;
+        define(&entry, 1u32, path)?;
+        define(&list, index as u32, entry)?;
     }
     Ok(list)
 }
@@ -200,8 +370,8 @@ pub(crate) fn session_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'j
                 ));
             }
             let state = Array::new(ctx.clone())?;
-            state.set(0, bindings_to_js(&ctx, &bindings)?)?;
-            state.set(1, user_to_js(&ctx, user.as_ref())?)?;
+            define(&state, 0u32, bindings_to_js(&ctx, &bindings)?)?;
+            define(&state, 1u32, user_to_js(&ctx, user.as_ref())?)?;
             Ok(state)
         },
     )
@@ -219,9 +389,13 @@ pub(crate) fn user_to_js<'js>(ctx: &Ctx<'js>, user: Option<&User>) -> quickjs::R
         }
     };
     let object = Object::new(ctx.clone())?;
-    object.set("id", user.id.as_str())?;
-    object.set("email", text_or_null(user.email.as_deref())?)?;
-    object.set("displayName", text_or_null(user.display_name.as_deref())?)?;
+    define(&object, "id", user.id.as_str())?;
+    define(&object, "email", text_or_null(user.email.as_deref())?)?;
+    define(
+        &object,
+        "displayName",
+        text_or_null(user.display_name.as_deref())?,
+    )?;
     Ok(object.into_value())
 }
 
@@ -277,45 +451,88 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
     }
 }
 
-/// `Some` once the script's promise has settled.
+/// `Some` once the script's promise has settled: `done`, or `result-too-large` when its value's
+/// JSON text would pass `max_result_bytes`.
 pub(crate) fn settled_result(
     ctx: &Ctx<'_>,
     promise: Persistent<Value<'static>>,
-) -> Option<Result<Option<String>, ScriptError>> {
+    max_result_bytes: u64,
+) -> Option<RunState> {
     let value = match promise.restore(ctx) {
         Ok(value) => value,
-        Err(error) => return Some(Err(plain_error("InternalError", &error.to_string()))),
+        Err(error) => {
+            return Some(RunState::Done(Err(plain_error(
+                "InternalError",
+                &error.to_string(),
+            ))));
+        }
     };
-    // The wrapper always yields a promise; if a script broke out of it, its completion value is
-    // taken as the result.
+    // The fence makes the wrapper the whole program, so its value is always its promise.
     let Some(promise) = value.as_promise().cloned() else {
-        return Some(to_json(ctx, value));
+        return Some(RunState::Done(Err(plain_error(
+            "InternalError",
+            "the script's wrapper did not yield a promise",
+        ))));
     };
     match promise.state() {
         PromiseState::Pending => None,
         PromiseState::Resolved => Some(match promise.result::<Value>() {
-            Some(Ok(value)) => to_json(ctx, value),
-            _ => Err(plain_error(
+            Some(Ok(value)) => to_json(ctx, value, max_result_bytes),
+            _ => RunState::Done(Err(plain_error(
                 "InternalError",
                 "a resolved promise has no value",
-            )),
+            ))),
         }),
         PromiseState::Rejected => {
             let _ = promise.result::<Value>();
-            Some(Err(exception_to_script_error(ctx, ctx.catch())))
+            Some(RunState::Done(Err(exception_to_script_error(
+                ctx,
+                ctx.catch(),
+            ))))
         }
     }
 }
 
-fn to_json<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> Result<Option<String>, ScriptError> {
-    match ctx.json_stringify(value) {
-        Ok(None) => Ok(None),
-        Ok(Some(text)) => text
-            .to_string()
-            .map(Some)
-            .map_err(|e| plain_error("InternalError", &e.to_string())),
-        Err(error) => Err(script_error(ctx, error)),
+/// Serializes the script's value, stopping as soon as its text would pass `max_result_bytes`
+/// (QuickJS counts characters, and every character is at least a byte of JSON text).
+fn to_json<'js>(ctx: &Ctx<'js>, value: Value<'js>, max_result_bytes: u64) -> RunState {
+    // SAFETY: plain setters of the patched QuickJS's globals; wasm is single-threaded.
+    // The depth is checked while serializing too: QuickJS's cycle check is linear in the
+    // depth, so a value 100,000 deep would otherwise spend its fuel before the check below.
+    unsafe {
+        JS_CorralSetNextJSONLimit(
+            usize::try_from(max_result_bytes).unwrap_or(usize::MAX),
+            MAX_JSON_DEPTH as i32,
+        )
+    };
+    let text = ctx.json_stringify(value);
+    // SAFETY: as above; clearing the limit too in case the stringification never started.
+    let hit = unsafe {
+        let hit = JS_CorralTakeJSONLimitHit() != 0;
+        JS_CorralSetNextJSONLimit(0, 0);
+        hit
+    };
+    if hit {
+        let _ = ctx.catch();
+        return RunState::ResultTooLarge;
     }
+    RunState::Done(match text {
+        Ok(None) => Ok(None),
+        Ok(Some(text)) => {
+            let text = text_of(&text);
+            if json_deeper_than(&text, MAX_JSON_DEPTH) {
+                Err(plain_error(
+                    "TypeError",
+                    &format!(
+                        "the script's value nests more than {MAX_JSON_DEPTH} arrays and objects deep"
+                    ),
+                ))
+            } else {
+                Ok(Some(text))
+            }
+        }
+        Err(error) => Err(script_error(ctx, error)),
+    })
 }
 
 pub(crate) fn plain_error(name: &str, message: &str) -> ScriptError {
@@ -341,12 +558,12 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
     let Some(object) = thrown.as_object().filter(|o| o.is_error()) else {
         // `throw "text"` or `throw {..}`: not an Error, so there is no name or stack.
         let message = match thrown.as_string() {
-            Some(text) => text.to_string().ok(),
+            Some(text) => Some(text_of(text)),
             None => ctx
                 .json_stringify(thrown.clone())
                 .ok()
                 .flatten()
-                .and_then(|s| s.to_string().ok()),
+                .map(|s| text_of(&s)),
         }
         .unwrap_or_else(|| "a value that is not an Error was thrown".to_string());
         return plain_error("Error", &message);
@@ -355,7 +572,7 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
         object
             .get::<_, Value>(key)
             .ok()
-            .and_then(|v| v.as_string().and_then(|s| s.to_string().ok()))
+            .and_then(|v| v.as_string().map(text_of))
     };
     let name = text("name").unwrap_or_else(|| "Error".to_string());
     let message = text("message").unwrap_or_default();

@@ -78,6 +78,8 @@ struct SessionState {
     frozen_ms: u64,
     /// Whether the host granted its clock (`host.now-ms`).
     host_clock: bool,
+    /// `session-config.max-result-bytes`: where serializing a script's value stops.
+    max_result_bytes: u64,
     /// The stream behind WASI `random_get` (see [`preview1`]): a splitmix64 state derived from
     /// the seed, the current 64-bit word and how many of its bytes were used.
     entropy_seed: u64,
@@ -155,9 +157,9 @@ fn warm_up(runtime: &Runtime) {
             warm.restore(&ctx)?.call::<_, ()>((bindings, user))?;
         }
         // The script's promise settles when the jobs run below; its value is not needed.
-        let _promise: Value = ctx.eval_with_options(
-            boundary::wrap_script("const o = {a: [1, 'two']}; return JSON.parse(JSON.stringify(o));"),
-            boundary::eval_options(SCRIPT_FILE_NAME),
+        let _promise: Value = boundary::eval_script(
+            &ctx,
+            "const o = {a: [1, 'two']}; return JSON.parse(JSON.stringify(o));",
         )?;
         Ok(())
     });
@@ -215,6 +217,7 @@ impl Guest for Component {
             }
             session.bindings = bindings;
             session.user = config.user;
+            session.max_result_bytes = config.max_result_bytes;
             Ok(())
         })
     }
@@ -234,8 +237,7 @@ impl Guest for Component {
         }
         let promise = with_runtime(|runtime| {
             runtime.context().with(|ctx| {
-                let wrapped = boundary::wrap_script(&source);
-                ctx.eval_with_options::<Value, _>(wrapped, boundary::eval_options(SCRIPT_FILE_NAME))
+                boundary::eval_script(&ctx, &source)
                     .map(|value| Persistent::save(&ctx, value))
                     .map_err(|e| boundary::script_error(&ctx, e))
             })
@@ -272,13 +274,14 @@ fn drive(promise: Persistent<Value<'static>>) -> RunState {
             &error.to_string(),
         )));
     }
+    let max_result_bytes = with_session(|session| session.max_result_bytes);
     let settled = with_runtime(|runtime| {
         runtime
             .context()
-            .with(|ctx| boundary::settled_result(&ctx, promise.clone()))
+            .with(|ctx| boundary::settled_result(&ctx, promise.clone(), max_result_bytes))
     });
-    if let Some(result) = settled {
-        return RunState::Done(result);
+    if let Some(state) = settled {
+        return state;
     }
     with_session(|session| {
         if session.pending.is_empty() {

@@ -13,7 +13,15 @@
   const ObjectProto = Object.prototype;
   const ErrorCtor = Error;
   const TypeErrorCtor = TypeError;
-  const LEVELS = freeze({ debug: 0, info: 1, warn: 2, error: 3 });
+  // No prototype: a level is looked up among these four names only (not `toString`).
+  const LEVELS = freeze({ __proto__: null, debug: 0, info: 1, warn: 2, error: 3 });
+
+  // V8-style call sites would hand scripts the prelude's own functions (and the natives they
+  // call) through `getFunction()`; QuickJS only builds them when this was set, so it is fixed
+  // to `undefined` before any script runs. Assigning it throws in strict mode.
+  defineProperty(ErrorCtor, "prepareStackTrace", {
+    __proto__: null, value: undefined, writable: false, enumerable: false, configurable: false,
+  });
 
   function describe(value) {
     if (typeof value === "string") return value;
@@ -62,6 +70,10 @@
         throw new TypeErrorCtor("log(level, message, fields): fields must be an object");
       }
       fieldsJson = stringify(fields);
+      // A `toJSON` may turn the object into anything; only an object is recorded as fields.
+      if (typeof fieldsJson !== "string" || fieldsJson[0] !== "{") {
+        throw new TypeErrorCtor("log(level, message, fields): fields must serialize to a JSON object");
+      }
     }
     logNative(LEVELS[level], describe(message), fieldsJson);
   });
@@ -73,21 +85,24 @@
   }
 
   function bindCapability(index, id) {
+    // Every failure rejects, never throws: a Proxy whose traps throw, a `toJSON` or
+    // `toString` that throws, an argument too deep for the boundary.
     const fn = function (input) {
-      if (arguments.length > 1) {
-        return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${arguments.length}`));
-      }
-      if (arguments.length === 0 || input === undefined) input = {};
-      if (!isPlainObject(input)) {
-        return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${describe(input)}`));
-      }
       try {
+        if (arguments.length > 1) {
+          return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${arguments.length}`));
+        }
+        if (arguments.length === 0 || input === undefined) input = {};
+        if (!isPlainObject(input)) {
+          return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${describe(input)}`));
+        }
         return callNative(index, input);
       } catch (error) {
         return PromiseReject(error);
       }
     };
-    defineProperty(fn, "name", { value: id });
+    // Descriptors without a prototype: a script's `Object.prototype.get` must not join them.
+    defineProperty(fn, "name", { __proto__: null, value: id });
     return freeze(fn);
   }
 
@@ -103,7 +118,7 @@
   }
 
   function define(name, value) {
-    defineProperty(globalThis, name, { value, writable: false, enumerable: false, configurable: false });
+    defineProperty(globalThis, name, { __proto__: null, value, writable: false, enumerable: false, configurable: false });
   }
 
   // `console` and `log` do not depend on the session, so they are defined now, while the guest
@@ -154,11 +169,13 @@
     return session[name];
   }
   defineProperty(globalThis, "tools", {
+    __proto__: null,
     get: freeze(function tools() { return sessionValue("tools"); }),
     enumerable: false,
     configurable: false,
   });
   defineProperty(globalThis, "user", {
+    __proto__: null,
     get: freeze(function user() { return sessionValue("user"); }),
     enumerable: false,
     configurable: false,

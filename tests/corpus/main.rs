@@ -10,8 +10,13 @@
 //!
 //! The script runs in a fresh session on the example catalog (`examples.echo`, `.sleep`,
 //! `.text`, `.fail`) and its report, as `corral exec` prints it, must contain `expect` (see
-//! `corral_tests::json_contains`). After every trial a new session must still work, so a limit
-//! that damaged the host would fail the next check.
+//! `corral_tests::json_contains`). When the session cannot be created (limits out of range),
+//! the report is `{"ok": false, "session_error": "<message>"}` instead. After every trial a new
+//! session must still work, so a limit that damaged the host would fail the next check.
+//!
+//! Two folders: `scripts/` (how scripts behave) and `abuse/` (hostile scripts: wrapper and
+//! realm escapes, tampering with prototypes and intrinsics, bombs, floods, blow-ups, invalid
+//! unicode, limits at and past their range). Each must keep its count up.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,30 +29,32 @@ use serde_json::Value;
 
 fn main() {
     let args = Arguments::from_args();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/scripts");
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "js"))
-            .collect(),
-        Err(error) => panic!("cannot read {}: {error}", dir.display()),
-    };
-    files.sort();
-    assert!(
-        files.len() >= 40,
-        "the corpus lost scripts: only {} found",
-        files.len()
-    );
-    let trials = files
-        .into_iter()
-        .map(|path| {
+    let mut trials = Vec::new();
+    for (folder, at_least) in [("scripts", 40), ("abuse", 100)] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("corpus")
+            .join(folder);
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "js"))
+                .collect(),
+            Err(error) => panic!("cannot read {}: {error}", dir.display()),
+        };
+        files.sort();
+        assert!(
+            files.len() >= at_least,
+            "the corpus lost scripts: only {} found in {folder}/",
+            files.len()
+        );
+        trials.extend(files.into_iter().map(|path| {
             let name = path
                 .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
+                .map(|s| format!("{folder}::{}", s.to_string_lossy()))
                 .unwrap_or_default();
             Trial::test(name, move || run_trial(&path))
-        })
-        .collect();
+        }));
+    }
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -116,11 +123,10 @@ fn run_trial(path: &Path) -> Result<(), Failed> {
             user: header.user,
             ..SessionOptions::new(Arc::new(example_catalog()), Arc::new(ExampleBackend))
         };
-        let mut session = sandbox()
-            .session(options)
-            .await
-            .map_err(|e| format!("creating the session failed: {e}"))?;
-        let report = session.run(&source).await.to_json();
+        let report = match sandbox().session(options).await {
+            Ok(mut session) => session.run(&source).await.to_json(),
+            Err(error) => serde_json::json!({"ok": false, "session_error": error.to_string()}),
+        };
         json_contains(Some(&report), &header.expect)
             .map_err(|e| format!("{e}\nfull report: {report}"))?;
 

@@ -2,13 +2,18 @@
 //!
 //! Exit status: 0 when the script returned, 1 when it failed or hit a limit, 2 for a usage
 //! error (unknown flag, unreadable file, invalid `--user` JSON, invalid catalog, invalid MCP
-//! server declaration, a missing MCP secret).
+//! server declaration, a missing MCP secret, a limit flag outside its range).
+//!
+//! Every run that gets as far as the sandbox (exit 0 or 1) prints exactly one line on stdout:
+//! the report, as compact UTF-8 JSON. Usage errors print one line on stderr and nothing on
+//! stdout. A stdout that is closed early (`| head -c 16`) ends the command with status 1 and a
+//! note on stderr, never a panic.
 //!
 //! MCP servers (`--mcp`, `--mcp-url`, `--mcp-config`) are started before the script runs; their
 //! tools are the catalog (or are added to `--catalog`'s), and they are stopped before exit.
 //! Servers or tools that cannot be used are reported on stderr and left out.
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,8 +22,9 @@ use corral_catalog::Catalog;
 use corral_mcp::{McpBinding, McpHub, McpServerConfig};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{
-    Backend, ClockGrant, EntropyGrant, Grants, InvocationContext, RunStats, Sandbox, SandboxConfig,
-    ScriptUser, SessionLimits, SessionOptions,
+    Backend, ClockGrant, CreateSessionError, EntropyGrant, GUEST_MAX_MEMORY_BYTES, Grants,
+    InvocationContext, MAX_TIMEOUT_MS, RunStats, Sandbox, SandboxConfig, ScriptUser, SessionLimits,
+    SessionOptions,
 };
 use serde_json::{Value, json};
 
@@ -71,13 +77,21 @@ pub struct ExecArgs {
 /// A usage error: reported on stderr with exit status 2.
 struct Usage(String);
 
+/// One line on stderr; a closed stderr is not worth a panic.
+fn note(message: &str) {
+    let _ = writeln!(std::io::stderr(), "corral exec: {message}");
+}
+
+/// The largest `--memory-mb`: the most any session's memory may be.
+const MAX_MEMORY_MB: u64 = GUEST_MAX_MEMORY_BYTES >> 20;
+
 pub fn run(args: ExecArgs) -> ExitCode {
     // MCP servers' stderr and notices go to our stderr; stdout stays the one JSON report.
     args.mcp.init_logging();
     let prepared = match prepare(args) {
         Ok(prepared) => prepared,
         Err(Usage(message)) => {
-            eprintln!("corral exec: {message}");
+            note(&message);
             return ExitCode::from(2);
         }
     };
@@ -87,18 +101,30 @@ pub fn run(args: ExecArgs) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("corral exec: starting the async runtime failed: {error}");
-            return ExitCode::from(1);
+            let report = failure(
+                "internal_error",
+                &format!("starting the async runtime failed: {error}"),
+            );
+            return print_report(&report, false);
         }
     };
     let (report, ok) = match runtime.block_on(execute(prepared)) {
         Ok(outcome) => outcome,
         Err(Usage(message)) => {
-            eprintln!("corral exec: {message}");
+            note(&message);
             return ExitCode::from(2);
         }
     };
-    println!("{report}");
+    print_report(&report, ok)
+}
+
+/// Prints the report as one line and picks the exit status.
+fn print_report(report: &Value, ok: bool) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = writeln!(stdout, "{report}").and_then(|()| stdout.flush()) {
+        note(&format!("writing the report failed: {error}"));
+        return ExitCode::from(1);
+    }
     if ok {
         ExitCode::SUCCESS
     } else {
@@ -171,13 +197,31 @@ fn prepare(args: ExecArgs) -> Result<Prepared, Usage> {
 
     let mut limits = SessionLimits::default();
     if let Some(fuel) = args.fuel {
+        if fuel == 0 {
+            return Err(Usage(format!(
+                "--fuel must be between 1 and {}, not 0",
+                u64::MAX
+            )));
+        }
         limits.fuel = fuel;
     }
     if let Some(ms) = args.timeout_ms {
+        if !(1..=MAX_TIMEOUT_MS).contains(&ms) {
+            return Err(Usage(format!(
+                "--timeout-ms must be between 1 and {MAX_TIMEOUT_MS} (one day), not {ms}"
+            )));
+        }
         limits.timeout_ms = ms;
     }
     if let Some(mb) = args.memory_mb {
-        limits.memory_bytes = mb.saturating_mul(1 << 20);
+        // The lower end is the guest's initial memory, known once it is instantiated (see
+        // run_script); this is the range the flag can mean at all.
+        if !(1..=MAX_MEMORY_MB).contains(&mb) {
+            return Err(Usage(format!(
+                "--memory-mb must be between the guest's initial memory (about 5) and {MAX_MEMORY_MB}, not {mb}"
+            )));
+        }
+        limits.memory_bytes = mb << 20;
     }
     if let Some(n) = args.max_concurrent_calls {
         if n == 0 {
@@ -229,7 +273,7 @@ async fn bind(prepared: &mut Prepared) -> Result<McpBinding, Usage> {
         .await
         .map_err(|e| Usage(e.to_string()))?;
     for error in &bound.errors {
-        eprintln!("corral exec: MCP: {error}");
+        note(&format!("MCP: {error}"));
     }
     Ok(bound)
 }
@@ -238,17 +282,17 @@ async fn bind(prepared: &mut Prepared) -> Result<McpBinding, Usage> {
 async fn execute(mut prepared: Prepared) -> Result<(Value, bool), Usage> {
     let hub = prepared.hub.clone();
     let outcome = match bind(&mut prepared).await {
-        Ok(bound) => Ok(run_script(prepared, bound).await),
+        Ok(bound) => run_script(prepared, bound).await,
         Err(usage) => Err(usage),
     };
     hub.shutdown().await;
     outcome
 }
 
-async fn run_script(prepared: Prepared, bound: McpBinding) -> (Value, bool) {
+async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, bool), Usage> {
     let source = match prepared.source {
         Ok(source) => source,
-        Err(message) => return (failure("invalid_input", &message), false),
+        Err(message) => return Ok((failure("invalid_input", &message), false)),
     };
     let config = SandboxConfig {
         // One session lives in this process; a small pool starts faster.
@@ -262,7 +306,7 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> (Value, bool) {
     let sandbox = match Sandbox::new(config) {
         Ok(sandbox) => sandbox,
         Err(error) => {
-            return (failure("internal_error", &error.to_string()), false);
+            return Ok((failure("internal_error", &error.to_string()), false));
         }
     };
     let options = SessionOptions {
@@ -278,13 +322,20 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> (Value, bool) {
     };
     let mut session = match sandbox.session(options).await {
         Ok(session) => session,
+        Err(CreateSessionError::MemoryBelowGuestStart { needed_bytes, .. }) => {
+            let min_mb = needed_bytes.div_ceil(1 << 20);
+            return Err(Usage(format!(
+                "--memory-mb must be between {min_mb} (the guest's initial memory) and {MAX_MEMORY_MB}"
+            )));
+        }
+        Err(CreateSessionError::InvalidOptions(message)) => return Err(Usage(message)),
         Err(error) => {
-            return (failure("internal_error", &error.to_string()), false);
+            return Ok((failure("internal_error", &error.to_string()), false));
         }
     };
     let report = session.run(&source).await;
     session.close();
-    (report.to_json(), report.outcome.is_ok())
+    Ok((report.to_json(), report.outcome.is_ok()))
 }
 
 fn failure(kind: &str, message: &str) -> Value {

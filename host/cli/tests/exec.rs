@@ -366,3 +366,183 @@ async fn webhook_backends_receive_each_call_as_json() {
         "--max-concurrent-calls 2 was not honoured"
     );
 }
+
+/// Every way a run can fail: each prints exactly one line of valid UTF-8 JSON on stdout (the
+/// report, with a typed kind that is never `internal_error`), exits 1, and shows no wasm
+/// internals on either stream.
+#[test]
+fn every_error_path_prints_exactly_one_line_of_json() {
+    let deep = "return JSON.parse('['.repeat(200) + ']'.repeat(200))";
+    let cases: Vec<(&[&str], Vec<u8>, &str)> = vec![
+        (&[], b"throw new Error('boom')".to_vec(), "script_error"),
+        (&[], b"throw 'a\\ud800b'".to_vec(), "script_error"),
+        (
+            &[],
+            b"throw new Error('x'.repeat(3 << 20))".to_vec(),
+            "script_error",
+        ),
+        (&[], b"return a +;".to_vec(), "script_error"),
+        (&[], b"})(); (function(){ return 1".to_vec(), "script_error"),
+        (&[], b"return 1\0".to_vec(), "script_error"),
+        (&[], deep.as_bytes().to_vec(), "script_error"),
+        (
+            &[],
+            b"throw Object.assign(new Error(), {name: 'CapabilityError'})".to_vec(),
+            "script_error",
+        ),
+        (
+            &[],
+            b"await tools.examples.fail({message: 'no'})".to_vec(),
+            "capability_error",
+        ),
+        (
+            &[],
+            b"await tools.examples.sleep({ms: 'x'})".to_vec(),
+            "invalid_input",
+        ),
+        (&[], vec![0x72, 0x65, 0xff], "invalid_input"),
+        (
+            &[],
+            format!("return '{}'", "x".repeat(300 << 10)).into_bytes(),
+            "invalid_input",
+        ),
+        (&["--fuel", "1"], b"return 1".to_vec(), "fuel_exhausted"),
+        (
+            &["--fuel", "100000"],
+            b"for (;;) {}".to_vec(),
+            "fuel_exhausted",
+        ),
+        (
+            &["--timeout-ms", "1", "--fuel", "1000000000000"],
+            b"for (;;) {}".to_vec(),
+            "deadline_exceeded",
+        ),
+        (
+            &["--memory-mb", "8"],
+            b"const a = []; for (;;) a.push('m'.repeat(1 << 16) + a.length)".to_vec(),
+            "memory_limit",
+        ),
+        (
+            &[],
+            b"function f() { return f() + 1 } return f()".to_vec(),
+            "stack_overflow",
+        ),
+        (
+            &["--max-total-calls", "0"],
+            b"await tools.examples.echo({})".to_vec(),
+            "too_many_calls",
+        ),
+        (&[], b"return 'x'.repeat(30e6)".to_vec(), "result_too_large"),
+        (&[], b"for (;;) console.log()".to_vec(), "logs_too_large"),
+        (
+            &[],
+            b"console.log('\\udc00'); for (;;) log('info', 'x'.repeat(1000))".to_vec(),
+            "logs_too_large",
+        ),
+        (&[], b"await new Promise(() => {})".to_vec(), "script_error"),
+    ];
+    for (flags, script, kind) in cases {
+        let mut args = vec!["exec", "-"];
+        args.extend_from_slice(flags);
+        let output = corral(&args, Some(&script));
+        let shown = String::from_utf8_lossy(&script[..script.len().min(60)]).into_owned();
+        assert_eq!(output.status.code(), Some(1), "{flags:?} {shown}");
+        let stdout = std::str::from_utf8(&output.stdout)
+            .unwrap_or_else(|e| panic!("{flags:?} {shown}: stdout is not UTF-8: {e}"));
+        assert!(
+            stdout.ends_with('\n') && stdout.matches('\n').count() == 1,
+            "{flags:?} {shown}: not exactly one line: {:?}",
+            &stdout[..stdout.len().min(200)]
+        );
+        let report: Value = serde_json::from_str(stdout)
+            .unwrap_or_else(|e| panic!("{flags:?} {shown}: not JSON ({e})"));
+        assert_eq!(report["ok"], false, "{flags:?} {shown}");
+        assert_eq!(report["error"]["kind"], kind, "{flags:?} {shown}: {report}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        for stream in [stdout, &stderr] {
+            assert!(
+                !stream.contains("wasm backtrace") && !stream.contains(".wasm!"),
+                "{flags:?} {shown}: internal symbols shown: {stream}"
+            );
+        }
+    }
+}
+
+#[test]
+fn out_of_range_flags_are_usage_errors_naming_the_range() {
+    let cases: [(&[&str], &str); 8] = [
+        (&["--fuel", "0"], "--fuel must be between 1 and"),
+        (
+            &["--timeout-ms", "0"],
+            "--timeout-ms must be between 1 and 86400000",
+        ),
+        (
+            &["--timeout-ms", "18446744073709551615"],
+            "--timeout-ms must be between 1 and",
+        ),
+        (&["--memory-mb", "0"], "--memory-mb must be between"),
+        (
+            &["--memory-mb", "4"],
+            "--memory-mb must be between 5 (the guest's initial memory) and 1024",
+        ),
+        (&["--memory-mb", "5000"], "and 1024"),
+        (&["--memory-mb", "18446744073709551615"], "and 1024"),
+        (&["--user", r#"["a", "b", "c"]"#], "invalid --user JSON"),
+    ];
+    for (flags, message) in cases {
+        let mut args = vec!["exec", "-"];
+        args.extend_from_slice(flags);
+        let output = corral(&args, Some(b"return 1"));
+        assert_eq!(output.status.code(), Some(2), "{flags:?}");
+        assert!(output.stdout.is_empty(), "{flags:?} printed a report");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(message), "{flags:?}: {stderr}");
+        assert_eq!(stderr.matches('\n').count(), 1, "{flags:?}: {stderr}");
+    }
+    // The edges of the ranges run.
+    for flags in [
+        &["--fuel", "18446744073709551615"][..],
+        &["--timeout-ms", "86400000"],
+        &["--memory-mb", "5"],
+        &["--memory-mb", "1024"],
+    ] {
+        let mut args = vec!["exec", "-"];
+        args.extend_from_slice(flags);
+        let output = corral(&args, Some(b"return 1"));
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_closed_stdout_is_a_failure_not_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args(["exec", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("corral starts");
+    // Like `| head -c 0`: the reader is gone before the report is written.
+    drop(child.stdout.take());
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"return 'x'.repeat(100000)")
+        .expect("write stdin");
+    let output = child.wait_with_output().expect("corral finishes");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("writing the report failed"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

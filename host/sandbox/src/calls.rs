@@ -28,12 +28,15 @@ pub(crate) struct CallEnvironment {
 struct QueuedCall {
     call_id: u32,
     binding: usize,
+    /// What its input counts against [`CallTable::held_bytes`] until it finishes.
+    input_bytes: u64,
     invocation: Invocation,
 }
 
 struct FinishedCall {
     call_id: u32,
     binding: usize,
+    input_bytes: u64,
     tool_call_id: String,
     result: Result<ToolResult, InvokeCapabilityError>,
 }
@@ -59,6 +62,7 @@ async fn run_call(
     FinishedCall {
         call_id: call.call_id,
         binding: call.binding,
+        input_bytes: call.input_bytes,
         tool_call_id,
         result,
     }
@@ -73,10 +77,16 @@ pub(crate) struct CallTable {
     ready: Vec<Completion>,
     /// Calls the backend holds: they never complete in this run.
     held: Vec<HeldCall>,
+    /// Rejections handed to the guest in this run: (name, message, tool call id). What makes a
+    /// script's error a call's failure is that it is one of these, not what it calls itself.
+    delivered_rejections: Vec<(String, String, String)>,
     /// Calls started by the current script.
     pub(crate) started: u32,
     /// Most calls that were in flight at once during the current script.
     pub(crate) peak_in_flight: u32,
+    /// Bytes the host holds for the script's calls: inputs of queued and running calls, and
+    /// ready completions (see [`crate::SessionLimits::max_call_bytes`]).
+    pub(crate) held_bytes: u64,
     max_concurrent: usize,
 }
 
@@ -87,8 +97,10 @@ impl CallTable {
             queued: VecDeque::new(),
             ready: Vec::new(),
             held: Vec::new(),
+            delivered_rejections: Vec::new(),
             started: 0,
             peak_in_flight: 0,
+            held_bytes: 0,
             max_concurrent: max_concurrent.max(1) as usize,
         }
     }
@@ -101,8 +113,10 @@ impl CallTable {
         self.queued.clear();
         self.ready.clear();
         self.held.clear();
+        self.delivered_rejections.clear();
         self.started = 0;
         self.peak_in_flight = 0;
+        self.held_bytes = 0;
     }
 
     /// The call ids whose completions are ready, in the order they finished.
@@ -127,10 +141,29 @@ impl CallTable {
         let mut batch = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(position) = self.ready.iter().position(|c| c.call_id == *id) {
-                batch.push(self.ready.remove(position));
+                let completion = self.ready.remove(position);
+                self.held_bytes = self
+                    .held_bytes
+                    .saturating_sub(completion_bytes(&completion));
+                if let Err(error) = &completion.outcome {
+                    self.delivered_rejections.push((
+                        error.name.clone(),
+                        error.message.clone(),
+                        error.tool_call_id.clone(),
+                    ));
+                }
+                batch.push(completion);
             }
         }
         Ok(batch)
+    }
+
+    /// The tool call id of a rejection with this name and message delivered in this run.
+    pub(crate) fn rejection_id(&self, name: &str, message: &str) -> Option<String> {
+        self.delivered_rejections
+            .iter()
+            .find(|(n, m, _)| n == name && m == message)
+            .map(|(_, _, id)| id.clone())
     }
 
     /// Whether a call is running or queued, so that more completions can still become ready.
@@ -175,7 +208,7 @@ impl CallTable {
         tool_call_id: String,
     ) {
         let Some(capability) = env.catalog.capabilities().get(binding) else {
-            self.ready.push(rejection(
+            self.push_ready(rejection(
                 call_id,
                 "CapabilityError",
                 format!("no capability is bound at index {binding}"),
@@ -185,18 +218,28 @@ impl CallTable {
         };
         let input: Value = match crate::json::parse_guest_json(args_json) {
             Ok(Value::Array(items)) if items.len() == 1 => Value::Array(items),
-            _ => {
-                self.ready.push(rejection(
+            parsed => {
+                let why = if crate::json::deeper_than(args_json, crate::json::MAX_JSON_DEPTH) {
+                    format!(
+                        "its argument nests more than {} arrays and objects deep",
+                        crate::json::MAX_JSON_DEPTH - 1
+                    )
+                } else if parsed.is_err() {
+                    "its argument is not valid JSON".to_string()
+                } else {
+                    "it takes one object argument".to_string()
+                };
+                self.push_ready(rejection(
                     call_id,
                     "ValidationError",
-                    format!("{} takes one object argument", capability.id),
+                    format!("{}: {why}", capability.id),
                     tool_call_id,
                 ));
                 return;
             }
         };
         if let Err(error) = env.catalog.validate_input(binding, &input[0]) {
-            self.ready.push(rejection(
+            self.push_ready(rejection(
                 call_id,
                 "ValidationError",
                 env.redactor.redact_text(&error.to_string()).into_owned(),
@@ -204,9 +247,12 @@ impl CallTable {
             ));
             return;
         }
+        let input_bytes = args_json.len() as u64;
+        self.held_bytes = self.held_bytes.saturating_add(input_bytes);
         self.queued.push_back(QueuedCall {
             call_id,
             binding,
+            input_bytes,
             invocation: Invocation {
                 capability_id: capability.id.clone(),
                 tool_call_id,
@@ -258,6 +304,7 @@ impl CallTable {
 
     /// Files a finished call: held by the backend, or ready for the guest.
     fn settle(&mut self, env: &CallEnvironment, call: FinishedCall) {
+        self.held_bytes = self.held_bytes.saturating_sub(call.input_bytes);
         if let Err(InvokeCapabilityError::Held {
             capability_id,
             reason,
@@ -272,8 +319,24 @@ impl CallTable {
             return;
         }
         let completion = completion(env, call);
+        self.push_ready(completion);
+    }
+
+    fn push_ready(&mut self, completion: Completion) {
+        self.held_bytes = self
+            .held_bytes
+            .saturating_add(completion_bytes(&completion));
         self.ready.push(completion);
     }
+}
+
+/// What a completion counts against [`CallTable::held_bytes`] until it is delivered.
+fn completion_bytes(completion: &Completion) -> u64 {
+    let bytes = match &completion.outcome {
+        Ok(CallValue::Json(text) | CallValue::Text(text)) => text.len(),
+        Err(error) => error.name.len() + error.message.len() + error.tool_call_id.len(),
+    };
+    bytes as u64
 }
 
 fn rejection(call_id: u32, name: &str, message: String, tool_call_id: String) -> Completion {

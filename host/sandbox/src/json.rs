@@ -4,6 +4,41 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+/// How deep JSON crossing the boundary may nest (`wit/sandbox.wit`, "JSON depth"); below
+/// serde_json's fixed recursion limit of 128, with room for the envelopes hosts wrap it in.
+pub(crate) const MAX_JSON_DEPTH: usize = 100;
+
+/// Whether JSON text nests arrays and objects more than `max` deep (brackets outside strings).
+pub(crate) fn deeper_than(text: &str, max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for byte in text.bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Parses JSON text produced by the guest's `JSON.stringify`. JavaScript strings may hold lone
 /// UTF-16 surrogates, which `JSON.stringify` writes as `\udXXX` escapes that no UTF-8 JSON
 /// parser accepts; they become U+FFFD, as when the string is shown anywhere else.
@@ -81,6 +116,13 @@ mod tests {
             parsed.ok(),
             Some(json!(["a\u{FFFD}", "\u{FFFD}b", "😀", "\\ud800"]))
         );
+    }
+
+    #[test]
+    fn depth_counts_brackets_outside_strings() {
+        assert!(!super::deeper_than(r#"[["[[[[", {"a": "]]"}]]"#, 3));
+        assert!(super::deeper_than("[[[[]]]]", 3));
+        assert!(!super::deeper_than("[[[]]]", 3));
     }
 
     #[test]

@@ -88,9 +88,10 @@ pub use engine::{
     CompiledFrom, GUEST_MAX_MEMORY_BYTES, LoadGuestError, MAX_STACK_BYTES, Sandbox, SandboxConfig,
 };
 pub use grants::{ClockGrant, EntropyGrant, Grants};
-pub use limits::{Limit, SessionLimits};
+pub use limits::{Limit, MAX_TIMEOUT_MS, SessionLimits};
 pub use schedule::{CompletionSchedule, DeliverReady, HeldCall, ScheduleError};
 pub use session::{
-    CreateSessionError, ExecError, ExecutorSession, LogRecord, RunStats, ScriptError, ScriptReport,
-    ScriptUser, SessionOptions,
+    CreateSessionError, ExecError, ExecutorSession, LOG_RECORD_OVERHEAD_BYTES, LogRecord,
+    MAX_ERROR_MESSAGE_BYTES, MAX_ERROR_NAME_BYTES, MAX_ERROR_STACK_BYTES, RunStats, ScriptError,
+    ScriptReport, ScriptUser, SessionOptions,
 };

@@ -32,6 +32,10 @@ pub struct SessionLimits {
     pub max_log_bytes: u64,
     /// Size of a script's source text.
     pub max_script_bytes: u64,
+    /// Bytes of call inputs and results the host holds for a script at once: inputs of calls
+    /// queued or running, and results not yet handed to the script. Calls a script starts
+    /// without awaiting them are otherwise held on the host, outside the guest's memory cap.
+    pub max_call_bytes: u64,
 }
 
 impl Default for SessionLimits {
@@ -45,7 +49,41 @@ impl Default for SessionLimits {
             max_result_bytes: 1 << 20,
             max_log_bytes: 256 << 10,
             max_script_bytes: 256 << 10,
+            max_call_bytes: 32 << 20,
         }
+    }
+}
+
+/// The longest [`SessionLimits::timeout_ms`] a session accepts: one day.
+pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
+impl SessionLimits {
+    /// Checks that every limit is in its range, given the sandbox's
+    /// [`crate::SandboxConfig::max_memory_bytes`]: fuel and the timeout at least 1 (a zero
+    /// budget would make the outcome depend on when the engine first looks), the timeout at
+    /// most [`MAX_TIMEOUT_MS`], memory at most `max_memory_bytes`, at least one concurrent
+    /// call. (Whether the memory cap fits the guest's initial memory is known when the guest is
+    /// instantiated: see [`crate::CreateSessionError::MemoryBelowGuestStart`].)
+    pub fn check(&self, max_memory_bytes: u64) -> Result<(), String> {
+        if self.fuel == 0 {
+            return Err("fuel must be at least 1".into());
+        }
+        if !(1..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(format!(
+                "timeout_ms must be between 1 and {MAX_TIMEOUT_MS}, not {}",
+                self.timeout_ms
+            ));
+        }
+        if self.memory_bytes > max_memory_bytes {
+            return Err(format!(
+                "memory_bytes {} is above the sandbox's max_memory_bytes {max_memory_bytes}",
+                self.memory_bytes
+            ));
+        }
+        if self.max_concurrent_calls == 0 {
+            return Err("max_concurrent_calls must be at least 1".into());
+        }
+        Ok(())
     }
 }
 
@@ -69,6 +107,8 @@ pub enum Limit {
     ResultSize,
     /// Logs exceeded [`SessionLimits::max_log_bytes`].
     LogSize,
+    /// Call inputs and undelivered results exceeded [`SessionLimits::max_call_bytes`].
+    CallMemory,
 }
 
 impl Limit {
@@ -83,6 +123,7 @@ impl Limit {
             Limit::TotalCalls => "too_many_calls",
             Limit::ResultSize => "result_too_large",
             Limit::LogSize => "logs_too_large",
+            Limit::CallMemory => "call_memory_limit",
         }
     }
 }
@@ -114,6 +155,9 @@ impl LimitTrap {
 pub(crate) struct MemoryLimiter {
     pub(crate) limit_bytes: u64,
     pub(crate) peak_bytes: u64,
+    /// The size of the first growth refused while nothing has grown yet: the guest's initial
+    /// memory, when the cap is below it.
+    pub(crate) refused_bytes: Option<u64>,
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
@@ -125,6 +169,9 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
     ) -> wasmtime::Result<bool> {
         let desired = desired as u64;
         if desired > self.limit_bytes {
+            if self.peak_bytes == 0 && current == 0 {
+                self.refused_bytes.get_or_insert(desired);
+            }
             return Err(LimitTrap::error(
                 Limit::Memory,
                 format!(

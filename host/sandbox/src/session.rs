@@ -66,9 +66,10 @@ impl SessionOptions {
     }
 }
 
-/// The user as scripts see it. Only these three fields ever enter the realm.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+/// The user as scripts see it. Only these three fields ever enter the realm. It deserializes
+/// from a JSON object only (serde would otherwise also take `["id", "email", "name"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ScriptUser {
     /// Stable user id.
     pub id: String,
@@ -78,6 +79,41 @@ pub struct ScriptUser {
     /// Name to show, if known.
     #[serde(default)]
     pub display_name: Option<String>,
+}
+
+/// The fields of [`ScriptUser`], deserialized from a map alone.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ScriptUserFields {
+    id: String,
+    #[serde(default)]
+    email: Option<String>,
+    #[serde(default)]
+    display_name: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ScriptUser {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectOnly;
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = ScriptUserFields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object {\"id\", \"email\"?, \"displayName\"?}")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                ScriptUserFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        let fields = deserializer.deserialize_map(ObjectOnly)?;
+        Ok(ScriptUser {
+            id: fields.id,
+            email: fields.email,
+            display_name: fields.display_name,
+        })
+    }
 }
 
 /// A log record from `console.*` or `log(level, message, fields)`.
@@ -175,6 +211,40 @@ pub struct ScriptError {
     /// 1-based column in the script, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<u32>,
+    /// The `tool_call_id` of the call whose rejection this error is, when the host delivered a
+    /// rejection with exactly this `name` and `message` to the script in this run. Set by the
+    /// host from its own records, never from anything the script says: only then is the error
+    /// a `capability_error` or an `invalid_input` (see [`ExecError::kind`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_rejection: Option<String>,
+}
+
+/// The most bytes of a script error's `name` a report carries; longer ones are truncated
+/// visibly (see [`truncate_visibly`]).
+pub const MAX_ERROR_NAME_BYTES: usize = 256;
+/// The most bytes of a script error's `message` a report carries.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
+/// The most bytes of a script error's `stack` a report carries.
+pub const MAX_ERROR_STACK_BYTES: usize = 16 << 10;
+/// What every log record costs against [`SessionLimits::max_log_bytes`] besides its message
+/// and fields (about the size of an empty record in a report), so that empty records are not
+/// free.
+pub const LOG_RECORD_OVERHEAD_BYTES: u64 = 64;
+
+/// Cuts `text` to at most `max` bytes (on a character boundary), saying so at its end.
+fn truncate_visibly(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let total = text.len();
+    let note = format!("... [truncated: {total} bytes in all]");
+    let mut cut = max.saturating_sub(note.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&note);
+    text
 }
 
 /// Why a script produced no value.
@@ -227,15 +297,17 @@ pub enum ExecError {
 }
 
 impl ExecError {
-    /// The stable, machine-readable kind used by `corral exec` and the API: `script_error`,
-    /// `capability_error` and `invalid_input` for script errors (by the error's name), the
-    /// limit's kind for limits, `invalid_input` for rejected scripts, `replay_drift` for a
-    /// schedule that stopped the script, `suspended` for held calls, `internal_error` otherwise.
+    /// The stable, machine-readable kind used by `corral exec` and the API: for script errors
+    /// `capability_error` or `invalid_input` when the error is a call rejection the host
+    /// delivered ([`ScriptError::call_rejection`]: a backend failure or a validation failure),
+    /// else `script_error` (whatever the error's name says); the limit's kind for limits,
+    /// `invalid_input` for rejected scripts, `replay_drift` for a schedule that stopped the
+    /// script, `suspended` for held calls, `internal_error` otherwise.
     pub fn kind(&self) -> &'static str {
         match self {
-            ExecError::Script(error) => match error.name.as_str() {
-                "ValidationError" => "invalid_input",
-                "CapabilityError" => "capability_error",
+            ExecError::Script(error) => match (&error.call_rejection, error.name.as_str()) {
+                (Some(_), "ValidationError") => "invalid_input",
+                (Some(_), "CapabilityError") => "capability_error",
                 _ => "script_error",
             },
             ExecError::LimitExceeded { limit, .. } => limit.kind(),
@@ -264,6 +336,9 @@ impl ExecError {
                 }
                 if let Some(column) = script.column {
                     error.insert("column".into(), Value::from(column));
+                }
+                if let Some(tool_call_id) = &script.call_rejection {
+                    error.insert("tool_call_id".into(), Value::from(tool_call_id.clone()));
                 }
             }
             ExecError::LimitExceeded {
@@ -304,14 +379,24 @@ pub enum CreateSessionError {
     /// The options ask for more than the sandbox allows.
     #[error("invalid session options: {0}")]
     InvalidOptions(String),
+    /// [`SessionLimits::memory_bytes`] is below the size the guest's memory starts with.
+    #[error(
+        "memory_bytes {memory_bytes} is below the {needed_bytes} bytes the guest's memory starts with"
+    )]
+    MemoryBelowGuestStart {
+        /// The cap asked for.
+        memory_bytes: u64,
+        /// The guest's initial memory.
+        needed_bytes: u64,
+    },
     /// Every session slot is in use ([`crate::SandboxConfig::max_sessions`]).
-    #[error("no session slot is free: {0}")]
+    #[error("no session slot is free: {}", .0.root_cause())]
     Capacity(#[source] wasmtime::Error),
     /// The guest refused the bindings (for example, two capabilities share a JS path).
     #[error("binding the capabilities failed: {0}")]
     Bind(String),
     /// Instantiating or initializing the guest failed.
-    #[error("starting the guest failed: {0}")]
+    #[error("starting the guest failed: {}", .0.root_cause())]
     Guest(#[source] wasmtime::Error),
 }
 
@@ -359,12 +444,9 @@ impl Sandbox {
     ) -> Result<ExecutorSession, CreateSessionError> {
         let config = &self.inner.config;
         let limits = options.limits;
-        if limits.memory_bytes > config.max_memory_bytes {
-            return Err(CreateSessionError::InvalidOptions(format!(
-                "memory_bytes {} is above the sandbox's max_memory_bytes {}",
-                limits.memory_bytes, config.max_memory_bytes
-            )));
-        }
+        limits
+            .check(config.max_memory_bytes)
+            .map_err(CreateSessionError::InvalidOptions)?;
         let bindings: Vec<Binding> = options
             .catalog
             .capabilities()
@@ -384,12 +466,14 @@ impl Sandbox {
             }),
             random_seed: options.grants.random_seed(),
             clock: options.grants.guest_clock(),
+            max_result_bytes: limits.max_result_bytes,
         };
         let data = SessionData {
             grants: options.grants,
             memory: MemoryLimiter {
                 limit_bytes: limits.memory_bytes,
                 peak_bytes: 0,
+                refused_bytes: None,
             },
             calls: CallTable::new(limits.max_concurrent_calls),
             env: CallEnvironment {
@@ -407,8 +491,10 @@ impl Sandbox {
         let mut store = Store::new(&self.inner.engine, data);
         store.limiter(|data| &mut data.memory);
         if config.fuel {
+            // Instantiating and binding are the host's work, not the script's: they are not
+            // charged to the script's budget (each run sets its own), so any `fuel` >= 1 starts.
             store
-                .set_fuel(store.data().limits.fuel)
+                .set_fuel(u64::MAX)
                 .map_err(CreateSessionError::Guest)?;
         }
         if config.epochs {
@@ -424,18 +510,22 @@ impl Sandbox {
             });
             store.set_epoch_deadline(1);
         }
-        let guest = self
-            .inner
-            .pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| {
-                if e.is::<wasmtime::PoolConcurrencyLimitError>() {
-                    CreateSessionError::Capacity(e)
-                } else {
-                    CreateSessionError::Guest(e)
-                }
-            })?;
+        let guest = self.inner.pre.instantiate_async(&mut store).await;
+        // A cap below the guest's initial memory refuses instantiation itself: that is the
+        // caller's option, not a guest failure.
+        if let (Err(_), Some(needed_bytes)) = (&guest, store.data().memory.refused_bytes) {
+            return Err(CreateSessionError::MemoryBelowGuestStart {
+                memory_bytes: limits_memory(&store),
+                needed_bytes,
+            });
+        }
+        let guest = guest.map_err(|e| {
+            if e.is::<wasmtime::PoolConcurrencyLimitError>() {
+                CreateSessionError::Capacity(e)
+            } else {
+                CreateSessionError::Guest(e)
+            }
+        })?;
         guest
             .corral_sandbox_session()
             .call_init(&mut store, &session_config)
@@ -531,6 +621,7 @@ impl ExecutorSession {
         let fuel = fuel_consumed(&self.store, fuel_before);
         let data = self.store.data_mut();
         let calls_started = data.calls.started;
+        let call_rejection = |name: &str, message: &str| data.calls.rejection_id(name, message);
         let stats = RunStats {
             fuel,
             wall_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
@@ -538,12 +629,17 @@ impl ExecutorSession {
             calls: calls_started,
             peak_concurrent_calls: data.calls.peak_in_flight,
         };
-        data.calls.reset();
-        let logs = std::mem::take(&mut data.logs);
-
         let outcome = match result {
-            Ok(Ok(None)) => Ok(None),
-            Ok(Ok(Some(json))) => {
+            Ok(Finished::ResultTooLarge) => Err(ExecError::LimitExceeded {
+                limit: Limit::ResultSize,
+                calls_started,
+                detail: format!(
+                    "the result's JSON text is over the {} byte limit (serializing stopped there)",
+                    limits.max_result_bytes
+                ),
+            }),
+            Ok(Finished::Done(Ok(None))) => Ok(None),
+            Ok(Finished::Done(Ok(Some(json)))) => {
                 if json.len() as u64 > limits.max_result_bytes {
                     Err(ExecError::LimitExceeded {
                         limit: Limit::ResultSize,
@@ -560,10 +656,13 @@ impl ExecutorSession {
                     })
                 }
             }
-            Ok(Err(error)) => Err(ExecError::Script(ScriptError {
-                name: error.name,
-                message: error.message,
-                stack: error.stack,
+            Ok(Finished::Done(Err(error))) => Err(ExecError::Script(ScriptError {
+                call_rejection: call_rejection(&error.name, &error.message),
+                name: truncate_visibly(error.name, MAX_ERROR_NAME_BYTES),
+                message: truncate_visibly(error.message, MAX_ERROR_MESSAGE_BYTES),
+                stack: error
+                    .stack
+                    .map(|stack| truncate_visibly(stack, MAX_ERROR_STACK_BYTES)),
                 line: error.line,
                 column: error.column,
             })),
@@ -574,6 +673,9 @@ impl ExecutorSession {
                 calls_started,
             }),
         };
+        let data = self.store.data_mut();
+        data.calls.reset();
+        let logs = std::mem::take(&mut data.logs);
         if let Err(error) = &outcome
             && !matches!(error, ExecError::Script(_))
         {
@@ -597,7 +699,7 @@ impl ExecutorSession {
         source: &str,
         schedule: &mut dyn CompletionSchedule,
         fuel_before: Option<u64>,
-    ) -> Result<Result<Option<String>, GuestScriptError>, Stopped> {
+    ) -> Result<Finished, Stopped> {
         let session = self.guest.corral_sandbox_session();
         let mut state = session
             .call_run(&mut self.store, source)
@@ -606,13 +708,15 @@ impl ExecutorSession {
         let mut wait_index = 0u32;
         loop {
             match state {
-                RunState::Done(result) => return Ok(result),
+                RunState::Done(result) => return Ok(Finished::Done(result)),
+                RunState::ResultTooLarge => return Ok(Finished::ResultTooLarge),
                 RunState::Waiting => {}
             }
             let batch = loop {
                 let fuel = fuel_consumed(&self.store, fuel_before);
                 let data = self.store.data_mut();
                 data.calls.collect_finished(&data.env);
+                check_call_bytes(&data.calls, &data.limits).map_err(Stopped::Trap)?;
                 if data.calls.is_idle() {
                     return Err(Stopped::Trap(wasmtime::Error::msg(
                         "the guest waited for completions with no call pending",
@@ -657,6 +761,14 @@ impl ExecutorSession {
     }
 }
 
+/// How a script the guest finished ended.
+enum Finished {
+    /// Its value's JSON text (none for `undefined`) or its error.
+    Done(Result<Option<String>, GuestScriptError>),
+    /// Its value's JSON text is over `max_result_bytes`; the guest stopped serializing it.
+    ResultTooLarge,
+}
+
 /// Why [`ExecutorSession::drive`] stopped before the script finished.
 enum Stopped {
     /// The guest trapped, a host function hit a limit, or the deadline passed while waiting.
@@ -665,6 +777,24 @@ enum Stopped {
     Schedule(ScheduleError),
     /// Only held calls were left to wait on.
     Suspended(Vec<HeldCall>),
+}
+
+fn limits_memory(store: &Store<SessionData>) -> u64 {
+    store.data().limits.memory_bytes
+}
+
+/// Traps once the host holds more for the script's calls than `max_call_bytes`.
+fn check_call_bytes(calls: &CallTable, limits: &SessionLimits) -> wasmtime::Result<()> {
+    if calls.held_bytes > limits.max_call_bytes {
+        return Err(LimitTrap::error(
+            Limit::CallMemory,
+            format!(
+                "the host held {} bytes of call inputs and undelivered results, over the {} byte limit",
+                calls.held_bytes, limits.max_call_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Fuel the current script has used so far (0 without fuel metering).
@@ -693,8 +823,10 @@ fn classify_trap(error: &wasmtime::Error, calls_started: u32) -> ExecError {
         Some(wasmtime::Trap::Interrupt) => {
             limit(Limit::Deadline, "the script ran past its deadline".into())
         }
-        Some(trap) => ExecError::GuestTrap(format!("{trap}: {error:#}")),
-        None => ExecError::Host(format!("{error:#}")),
+        // Only the trap's own description: the error's chain carries a wasm backtrace with the
+        // guest's internal symbols, which is no business of a report.
+        Some(trap) => ExecError::GuestTrap(trap.to_string()),
+        None => ExecError::Host(error.to_string()),
     }
 }
 
@@ -735,7 +867,7 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
             &args_json,
             tool_call_id,
         );
-        Ok(())
+        check_call_bytes(&self.calls, &self.limits)
     }
 
     fn now_ms(&mut self) -> wasmtime::Result<u64> {
@@ -748,7 +880,9 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
         message: String,
         fields_json: Option<String>,
     ) -> wasmtime::Result<()> {
-        let size = message.len() as u64 + fields_json.as_ref().map_or(0, |f| f.len() as u64);
+        let size = LOG_RECORD_OVERHEAD_BYTES
+            + message.len() as u64
+            + fields_json.as_ref().map_or(0, |f| f.len() as u64);
         self.log_bytes = self.log_bytes.saturating_add(size);
         if self.log_bytes > self.limits.max_log_bytes {
             return Err(LimitTrap::error(
@@ -759,7 +893,10 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
                 ),
             ));
         }
-        let fields = fields_json.and_then(|f| crate::json::parse_guest_json(&f).ok());
+        // The guest sends objects only; anything else is dropped rather than shown as fields.
+        let fields = fields_json
+            .and_then(|f| crate::json::parse_guest_json(&f).ok())
+            .filter(Value::is_object);
         self.logs.push(LogRecord {
             script_id: self.script_id.clone(),
             level: level_name(level).to_string(),

@@ -1,0 +1,2 @@
+// expect: {"ok": true}
+return JSON.parse('['.repeat(100) + ']'.repeat(100))

@@ -1,0 +1,2 @@
+// expect: {"ok": false, "error": {"kind": "script_error", "name": "TypeError", "message": {"$contains": "level must be"}}}
+log('constructor', 'x')

@@ -1,0 +1,2 @@
+// expect: {"ok": false, "error": {"kind": "script_error", "message": {"$contains": "[truncated: 2097152 bytes in all]"}}}
+throw new Error('x'.repeat(2 << 20))

@@ -1,0 +1,2 @@
+// expect: {"ok": false, "error": {"kind": "result_too_large"}}
+return 'x'.repeat(30e6)

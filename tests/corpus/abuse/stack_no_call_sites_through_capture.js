@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": "string"}
+const o = {}; Error.captureStackTrace(o); return typeof o.stack

@@ -1,0 +1,3 @@
+// expect: {"ok": true, "value": "function"}
+Object.setPrototypeOf(globalThis, null);
+return typeof tools.examples.echo

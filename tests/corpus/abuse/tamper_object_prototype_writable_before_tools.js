@@ -1,0 +1,3 @@
+// expect: {"ok": true, "value": true}
+Object.prototype.writable = true; Object.prototype.configurable = true;
+return Object.isFrozen(tools.examples)

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": false}
+return Reflect.defineProperty(globalThis, 'tools', {value: {}})

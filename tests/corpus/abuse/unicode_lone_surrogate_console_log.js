@@ -1,0 +1,2 @@
+// expect: {"ok": true, "logs": [{"message": "a\ufffdb \ufffd"}]}
+console.log('a\ud800b', '\udfff')

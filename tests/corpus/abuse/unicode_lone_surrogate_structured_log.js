@@ -1,0 +1,2 @@
+// expect: {"ok": true, "logs": [{"message": "\ufffd", "fields": {"k": "\ufffd"}}]}
+log('warn', '\ud800', {k: '\udfff'})

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": ["\ud83d\ude00"]}
+return ['\ud83d\ude00']

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": true}
+return /}\)\(\)/.test('})()')

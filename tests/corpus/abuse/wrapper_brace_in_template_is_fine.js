@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": "}){ 3 }"}
+return `}){ ${1 + 2} }`

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": "object"}
+return typeof Function('return typeof tools')() === 'string' ? 'object' : 'no'

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": {"$absent": true}}
+--> })(); (function(){

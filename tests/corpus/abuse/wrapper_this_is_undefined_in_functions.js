@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": "undefined"}
+return typeof (function () { return this })()

@@ -1,0 +1,2 @@
+// expect: {"ok": true, "value": 2}
+return 2 // })(); (function(){

@@ -1,0 +1,533 @@
+//! Fuzzing on stable Rust: structured inputs drawn with `arbitrary` from a seeded byte stream,
+//! one trial per target through libtest-mimic. (`cargo fuzz` needs a nightly toolchain, which
+//! these machines do not have; `arbitrary` is already in the lockfile, so no new dependency is
+//! built. There is no shrinking: a failure prints the seed that reproduces it.)
+//!
+//! Targets:
+//! - `json_boundary`: arbitrary JSON values cross the boundary both ways (a script returns
+//!   them, and they travel through a capability call and back) and must arrive equal.
+//! - `scripts`: token soup made of the fragments hostile scripts are made of (braces that try
+//!   to close the wrapper, comments, lone surrogates, NUL, calls, throws, logs, loops) must
+//!   end in a typed outcome, never `internal_error`, and leave the sandbox working.
+//! - `schemas`: arbitrary JSON Schemas load and render, or fail with a message naming where;
+//!   validating arbitrary instances against them never panics.
+//! - `catalog_parser`: mutated and random catalog texts in both formats never panic the parser
+//!   or the renderers.
+//!
+//! By default each target runs a fixed number of cases from fixed seeds (the short run of
+//! `scripts/test`). `CORRAL_FUZZ_SECONDS=N` runs each selected target for N seconds from a
+//! random seed instead (`scripts/fuzz TARGET SECONDS`); `CORRAL_FUZZ_SEED=S` replays one case.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arbitrary::{Result as DrawResult, Unstructured};
+use corral_catalog::{Catalog, render_prompt, render_typescript};
+use corral_sandbox::examples::{ExampleBackend, example_catalog};
+use corral_sandbox::{SessionLimits, SessionOptions};
+use corral_tests::sandbox;
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::{Map, Value, json};
+
+type Target = fn(&mut Unstructured<'_>, &tokio::runtime::Runtime) -> Result<(), String>;
+
+fn main() {
+    let args = Arguments::from_args();
+    let targets: [(&str, Target, u64); 4] = [
+        ("json_boundary", json_boundary, 150),
+        ("scripts", scripts, 300),
+        ("schemas", schemas, 1500),
+        ("catalog_parser", catalog_parser, 3000),
+    ];
+    let trials = targets
+        .into_iter()
+        .map(|(name, target, cases)| Trial::test(name, move || run_target(name, target, cases)))
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn run_target(name: &str, target: Target, cases: u64) -> Result<(), Failed> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let seconds = std::env::var("CORRAL_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    let replay = std::env::var("CORRAL_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    let first_seed = match (replay, seconds) {
+        (Some(seed), _) => seed,
+        (None, Some(_)) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1),
+        (None, None) => 0x5eed_0000,
+    };
+    let until = seconds.map(|s| Instant::now() + Duration::from_secs(s));
+    // A stack overflow aborts the process before a finding can be reported: with
+    // CORRAL_FUZZ_TRACE set, every seed is written before its case runs.
+    let trace = std::env::var_os("CORRAL_FUZZ_TRACE").is_some();
+    eprintln!("fuzz {name}: starting from seed {first_seed}");
+    let started = Instant::now();
+    let mut ran = 0u64;
+    loop {
+        let done = match (replay, until) {
+            (Some(_), _) => ran == 1,
+            (None, Some(until)) => Instant::now() >= until,
+            (None, None) => ran == cases,
+        };
+        if done {
+            break;
+        }
+        let seed = first_seed.wrapping_add(ran);
+        if trace {
+            eprintln!("fuzz {name}: case seed {seed}");
+        }
+        let bytes = seeded_bytes(seed);
+        let mut input = Unstructured::new(&bytes);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| target(&mut input, &runtime)));
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(finding)) => {
+                return Err(
+                    format!("{name}: seed {seed} (CORRAL_FUZZ_SEED={seed}): {finding}").into(),
+                );
+            }
+            Err(_) => {
+                return Err(
+                    format!("{name}: seed {seed} (CORRAL_FUZZ_SEED={seed}) panicked").into(),
+                );
+            }
+        }
+        ran += 1;
+    }
+    eprintln!(
+        "fuzz {name}: {ran} cases in {:.1} s from seed {first_seed}, no findings",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Up to 4 KiB of bytes from a splitmix64 stream.
+fn seeded_bytes(seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = state;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    let len = (next() % 4096) as usize + 64;
+    (0..len).map(|_| next() as u8).collect()
+}
+
+// ---- JSON values ----------------------------------------------------------------------------
+
+fn draw_json(u: &mut Unstructured<'_>, depth: u32) -> DrawResult<Value> {
+    let pick = u.int_in_range(0..=if depth == 0 { 4 } else { 6 })?;
+    Ok(match pick {
+        0 => Value::Null,
+        1 => Value::Bool(u.arbitrary()?),
+        2 => Value::from(u.int_in_range(-(1i64 << 53)..=(1i64 << 53))?),
+        3 => {
+            let f: f64 = u.arbitrary()?;
+            if f.is_finite() { json!(f) } else { json!(0.5) }
+        }
+        4 => Value::String(u.arbitrary()?),
+        5 => {
+            let n = u.int_in_range(0..=4)?;
+            Value::Array(
+                (0..n)
+                    .map(|_| draw_json(u, depth - 1))
+                    .collect::<DrawResult<_>>()?,
+            )
+        }
+        _ => {
+            let n = u.int_in_range(0..=4)?;
+            let mut map = Map::new();
+            for _ in 0..n {
+                let key: String = u.arbitrary()?;
+                map.insert(key, draw_json(u, depth - 1)?);
+            }
+            Value::Object(map)
+        }
+    })
+}
+
+/// Equality with numbers compared as numbers (JavaScript has one number type).
+fn same_json(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn run_script(
+    runtime: &tokio::runtime::Runtime,
+    limits: SessionLimits,
+    source: &str,
+) -> Result<corral_sandbox::ScriptReport, String> {
+    runtime.block_on(async {
+        let options = SessionOptions {
+            limits,
+            ..SessionOptions::new(Arc::new(example_catalog()), Arc::new(ExampleBackend))
+        };
+        let mut session = sandbox()
+            .session(options)
+            .await
+            .map_err(|e| format!("session: {e}"))?;
+        Ok(session.run(source).await)
+    })
+}
+
+fn json_boundary(
+    u: &mut Unstructured<'_>,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(), String> {
+    let value = draw_json(u, 5).map_err(|e| e.to_string())?;
+    // The JSON text as a JavaScript string literal (JSON strings are JavaScript strings).
+    let literal = serde_json::to_string(&value.to_string()).map_err(|e| e.to_string())?;
+    for script in [
+        format!("return JSON.parse({literal})"),
+        format!("return (await tools.examples.echo({{v: JSON.parse({literal})}})).v"),
+    ] {
+        let report = run_script(runtime, SessionLimits::default(), &script)?;
+        match &report.outcome {
+            Ok(Some(back)) if same_json(back, &value) => {}
+            other => return Err(format!("{value} came back as {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+// ---- scripts --------------------------------------------------------------------------------
+
+const FRAGMENTS: &[&str] = &[
+    "}",
+    "{",
+    ")",
+    "(",
+    "]",
+    "[",
+    "})()",
+    "})(); (function(){",
+    "});",
+    "(async () => {",
+    ";",
+    "\n",
+    " ",
+    "//",
+    "/*",
+    "*/",
+    "\"",
+    "'",
+    "`",
+    "${",
+    "\\",
+    "\0",
+    "\\ud800",
+    "'\\udc00'",
+    "return ",
+    "return 1;",
+    "await ",
+    "throw ",
+    "throw new Error('e');",
+    "new Error('x')",
+    "tools.examples.echo({a: 1})",
+    "tools.examples.fail({message: 'm'})",
+    "tools.examples.sleep({ms: 1})",
+    "tools.examples.echo(",
+    "console.log('\\ud800')",
+    "log('toString', 'x')",
+    "log('info', 'm', {a: [1]})",
+    "for (;;) {}",
+    "while (true) console.log()",
+    "x = 1;",
+    "let a = ",
+    "const b = [",
+    "function f() {",
+    "f()",
+    "=>",
+    "async ",
+    "if (1) ",
+    "else ",
+    "try { ",
+    "} catch (e) { ",
+    "} finally { ",
+    "e.name",
+    "Object.prototype.get = 1;",
+    "Error.prepareStackTrace = () => 1;",
+    "JSON.parse('[[[[')",
+    "'x'.repeat(1e6)",
+    "globalThis",
+    "user",
+    "tools",
+    "eval(",
+    "Function(",
+    "import(",
+    "-->",
+    "<!--",
+    "/(a+)+$/.test('aaaaaaaaaaaaaaaaaaaaaaaaaaab')",
+    "Promise.all([",
+    "0x",
+    "1e400",
+    "null",
+    "undefined",
+];
+
+/// Outcomes a script may end in. `internal_error` and `session_discarded` are not among them:
+/// no script text may reach either.
+const SCRIPT_KINDS: &[&str] = &[
+    "script_error",
+    "capability_error",
+    "invalid_input",
+    "fuel_exhausted",
+    "deadline_exceeded",
+    "memory_limit",
+    "stack_overflow",
+    "too_many_calls",
+    "result_too_large",
+    "logs_too_large",
+];
+
+fn scripts(u: &mut Unstructured<'_>, runtime: &tokio::runtime::Runtime) -> Result<(), String> {
+    let n = u.int_in_range(1..=40).map_err(|e| e.to_string())?;
+    let mut source = String::new();
+    for _ in 0..n {
+        if u.ratio(1, 8).map_err(|e| e.to_string())? {
+            let junk: String = u.arbitrary().map_err(|e| e.to_string())?;
+            source.push_str(&junk);
+        } else {
+            source.push_str(u.choose(FRAGMENTS).map_err(|e| e.to_string())?);
+        }
+    }
+    let limits = SessionLimits {
+        fuel: 20_000_000,
+        timeout_ms: 2_000,
+        memory_bytes: 32 << 20,
+        ..SessionLimits::default()
+    };
+    let report = run_script(runtime, limits, &source)?;
+    if let Err(error) = &report.outcome
+        && !SCRIPT_KINDS.contains(&error.kind())
+    {
+        return Err(format!("{source:?} ended as {}: {error}", error.kind()));
+    }
+    let text = report.to_json().to_string();
+    if text.contains('\n') {
+        return Err(format!("{source:?}: the report is not one line"));
+    }
+    let next = run_script(runtime, SessionLimits::default(), "return 41 + 1")?;
+    match next.outcome {
+        Ok(Some(value)) if value == 42 => Ok(()),
+        other => Err(format!(
+            "after {source:?} the next session is broken: {other:?}"
+        )),
+    }
+}
+
+// ---- schemas --------------------------------------------------------------------------------
+
+fn draw_schema(u: &mut Unstructured<'_>, depth: u32) -> DrawResult<Value> {
+    if depth == 0 || u.ratio(1, 4)? {
+        return Ok(match u.int_in_range(0..=9)? {
+            0 => json!({"type": "string"}),
+            1 => json!({"type": "integer", "minimum": u.int_in_range(-5i64..=5)?}),
+            2 => json!({"type": "number"}),
+            3 => json!({"type": "boolean"}),
+            4 => json!({"type": "null"}),
+            5 => json!({"enum": [draw_json(u, 1)?, draw_json(u, 1)?]}),
+            6 => json!({"const": draw_json(u, 1)?}),
+            7 => {
+                json!({"$ref": u.choose(&["#", "#/$defs/a", "#/definitions/b", "other.json", "#anchor", "#/properties/x"])?})
+            }
+            8 => {
+                json!({"type": u.choose(&["string", "object", "array", "bogus", "integer"])?, "format": u.arbitrary::<String>()?})
+            }
+            _ => draw_json(u, 1)?,
+        });
+    }
+    let mut schema = Map::new();
+    let pick = |u: &mut Unstructured<'_>| u.ratio(1, 2);
+    if pick(u)? {
+        schema.insert(
+            "type".into(),
+            json!(u.choose(&[
+                "object", "array", "string", "integer", "number", "boolean", "null"
+            ])?),
+        );
+    }
+    if pick(u)? {
+        let mut props = Map::new();
+        for _ in 0..u.int_in_range(0..=3)? {
+            let name: String = if u.ratio(1, 2)? {
+                u.choose(&["a", "b", "x", "0", "__proto__", "with space", "é"])?
+                    .to_string()
+            } else {
+                u.arbitrary()?
+            };
+            props.insert(name, draw_schema(u, depth - 1)?);
+        }
+        schema.insert("properties".into(), Value::Object(props));
+    }
+    if pick(u)? {
+        schema.insert(
+            "required".into(),
+            json!([u.choose(&["a", "b", "x", "missing"])?]),
+        );
+    }
+    if u.ratio(1, 3)? {
+        schema.insert("items".into(), draw_schema(u, depth - 1)?);
+    }
+    if u.ratio(1, 4)? {
+        let key = u.choose(&["anyOf", "oneOf", "allOf"])?;
+        let parts = (0..u.int_in_range(0..=3)?)
+            .map(|_| draw_schema(u, depth - 1))
+            .collect::<DrawResult<Vec<_>>>()?;
+        schema.insert((*key).into(), Value::Array(parts));
+    }
+    if u.ratio(1, 4)? {
+        let extra = if u.ratio(1, 2)? {
+            Value::Bool(u.arbitrary()?)
+        } else {
+            draw_schema(u, depth - 1)?
+        };
+        schema.insert("additionalProperties".into(), extra);
+    }
+    if u.ratio(1, 5)? {
+        schema.insert("$defs".into(), json!({"a": draw_schema(u, depth - 1)?}));
+    }
+    if u.ratio(1, 6)? {
+        schema.insert(
+            "pattern".into(),
+            json!(u.choose(&["^a+$", "(", "[", "\\d{2,}", "(?<n>x)", ".*"])?),
+        );
+    }
+    if u.ratio(1, 6)? {
+        schema.insert("description".into(), json!(u.arbitrary::<String>()?));
+    }
+    if u.ratio(1, 8)? {
+        schema.insert(u.arbitrary::<String>()?, draw_json(u, 2)?);
+    }
+    Ok(Value::Object(schema))
+}
+
+fn schemas(u: &mut Unstructured<'_>, _runtime: &tokio::runtime::Runtime) -> Result<(), String> {
+    let mut schema = draw_schema(u, 4).map_err(|e| e.to_string())?;
+    if u.ratio(3, 4).map_err(|e| e.to_string())?
+        && let Value::Object(map) = &mut schema
+    {
+        map.insert("type".into(), json!("object"));
+    }
+    let output = draw_schema(u, 3).map_err(|e| e.to_string())?;
+    let text = json!({"capabilities": [{"id": "fuzz.target", "input_schema": schema, "output_schema": output}]})
+        .to_string();
+    if std::env::var_os("CORRAL_FUZZ_TRACE").is_some() {
+        eprintln!("fuzz schemas: catalog {text}");
+    }
+    let catalog = match Catalog::from_json_str(&text) {
+        Ok(catalog) => catalog,
+        Err(error) => {
+            return if error.to_string().is_empty() {
+                Err(format!("{text}: an empty error"))
+            } else {
+                Ok(())
+            };
+        }
+    };
+    match render_typescript(&catalog) {
+        Ok(rendered) if rendered.contains("fuzz") || rendered.contains("Fuzz") => {}
+        Ok(rendered) => {
+            return Err(format!(
+                "{text}: rendered without the capability: {rendered}"
+            ));
+        }
+        Err(error) => {
+            let message = error.to_string();
+            if !message.contains("fuzz.target") {
+                return Err(format!("{text}: the error does not say where: {message}"));
+            }
+        }
+    }
+    let _ = render_prompt(&catalog);
+    for _ in 0..4 {
+        let instance = draw_json(u, 3).map_err(|e| e.to_string())?;
+        let _ = catalog.validate_input(0, &instance);
+    }
+    Ok(())
+}
+
+// ---- the catalog parser ---------------------------------------------------------------------
+
+const SEED_CATALOGS: &[&str] = &[
+    r#"{"capabilities": [{"id": "a.b", "description": "d", "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}, "examples": [{"input": {"x": "1"}}]}]}"#,
+    r#"{"tools": [{"name": "read_file", "description": "Read", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}, "outputSchema": {"type": "object"}}]}"#,
+];
+
+fn catalog_parser(
+    u: &mut Unstructured<'_>,
+    _runtime: &tokio::runtime::Runtime,
+) -> Result<(), String> {
+    let mut bytes: Vec<u8> = if u.ratio(1, 5).map_err(|e| e.to_string())? {
+        u.arbitrary().map_err(|e| e.to_string())?
+    } else {
+        u.choose(SEED_CATALOGS)
+            .map_err(|e| e.to_string())?
+            .as_bytes()
+            .to_vec()
+    };
+    for _ in 0..u.int_in_range(0..=6).map_err(|e| e.to_string())? {
+        if bytes.is_empty() {
+            break;
+        }
+        let at = u
+            .int_in_range(0..=bytes.len() - 1)
+            .map_err(|e| e.to_string())?;
+        match u.int_in_range(0..=3).map_err(|e| e.to_string())? {
+            0 => bytes[at] = u.arbitrary().map_err(|e| e.to_string())?,
+            1 => {
+                bytes.remove(at);
+            }
+            2 => {
+                let piece = u
+                    .choose(&[
+                        "{",
+                        "}",
+                        "[",
+                        "]",
+                        "\"",
+                        ",",
+                        ":",
+                        "null",
+                        "\"id\"",
+                        "\"$ref\": \"#\"",
+                        "1e999",
+                        "\"\\ud800\"",
+                    ])
+                    .map_err(|e| e.to_string())?;
+                bytes.splice(at..at, piece.bytes());
+            }
+            _ => bytes.truncate(at),
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    for namespace in [None, Some("ns"), Some("")] {
+        if let Ok(catalog) = Catalog::from_any_json_str(&text, namespace) {
+            let _ = render_typescript(&catalog);
+            let _ = render_prompt(&catalog);
+        }
+    }
+    Ok(())
+}
