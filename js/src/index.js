@@ -304,6 +304,7 @@ function wellFormed(value) {
 }
 
 /** The error kind of a script error, by its name (the Rust host's `ExecError::kind`). */
+/** The kind of a script error that is a call rejection the host delivered. */
 function scriptErrorKind(name) {
   if (name === 'ValidationError') return 'invalid_input'
   if (name === 'CapabilityError') return 'capability_error'
@@ -349,6 +350,7 @@ class Session {
       user: checkUser(user),
       randomSeed: randomSeed(entropy),
       clock: guestClock(clock),
+      maxResultBytes: BigInt(this.#limits.max_result_bytes),
     }
   }
 
@@ -490,6 +492,10 @@ class ScriptRun {
   #started
   #logs = []
   #calls = 0
+  /** `[name, message, toolCallId]` of every call rejection delivered to the guest: only these
+   * make a script error a `capability_error` or `invalid_input` (the kind follows what the host
+   * knows, never a name the script chose). */
+  #rejections = []
   #memoryBytes = 0
   /** Completions of finished calls not yet delivered, in finishing order. */
   #ready = []
@@ -532,6 +538,9 @@ class ScriptRun {
         this.#guestWaiting = false
         const completions = this.#ready
         this.#ready = []
+        for (const { outcome } of completions) {
+          if (outcome.tag === 'err') this.#rejections.push([outcome.val.name, outcome.val.message, outcome.val.toolCallId])
+        }
         worker.postMessage({ type: 'resume', completions })
       }
       listen((message) => {
@@ -553,6 +562,15 @@ class ScriptRun {
             this.#memoryBytes = message.memoryBytes
             if (message.state === 'done') {
               finish(this.#done(message.result))
+            } else if (message.state === 'result-too-large') {
+              finish({
+                error: {
+                  kind: 'result_too_large',
+                  message: `the result's JSON text is over the ${this.#limits.max_result_bytes} byte limit (serializing stopped there)`,
+                  limit: 'result_size',
+                  calls_started: this.#calls,
+                },
+              })
             } else if (this.#ready.length === 0 && this.#running.size === 0 && this.#queued.length === 0) {
               finish({ error: { kind: 'internal_error', message: 'the host failed: the guest waited for completions with no call pending' } }, 'drop')
             } else {
@@ -640,10 +658,12 @@ class ScriptRun {
   #done(result) {
     if (result.tag === 'err') {
       const { name, message, stack, line, column } = result.val
-      const error = { kind: scriptErrorKind(name), message, name }
+      const rejection = this.#rejections.find(([n, m]) => n === name && m === message)
+      const error = { kind: rejection ? scriptErrorKind(name) : 'script_error', message, name }
       if (stack !== undefined) error.stack = stack
       if (line !== undefined) error.line = line
       if (column !== undefined) error.column = column
+      if (rejection) error.tool_call_id = rejection[2]
       return { error }
     }
     if (result.val === undefined) return {}
