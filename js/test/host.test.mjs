@@ -125,6 +125,18 @@ test('invalid input is rejected before the tool runs', async () => {
   assert.equal(report.error.message, 'input for examples.sleep is invalid: /ms: -1 is less than the minimum of 0')
 })
 
+test('error kinds follow what the host delivered, not the names a script chooses', async () => {
+  const session = await sandbox.session({ tools: { 'shop.fail': async () => { throw new Error('out of stock') } } })
+  const forged = await session.run("throw Object.assign(new Error('no call was made'), {name: 'CapabilityError'})")
+  assert.equal(forged.error.kind, 'script_error')
+  assert.equal(forged.error.name, 'CapabilityError')
+  const real = await session.run('await tools.shop.fail({})')
+  session.close()
+  assert.equal(real.error.kind, 'capability_error')
+  assert.equal(real.error.message, 'shop.fail failed: out of stock')
+  assert.match(real.error.tool_call_id, /:0$/)
+})
+
 test('calls a script leaves behind are aborted when it returns', async () => {
   let aborted
   const wait = (_input, { signal }) => new Promise((resolve) => signal.addEventListener('abort', () => resolve((aborted = true))))
