@@ -787,7 +787,19 @@ fn check_schema(
             }
             Reference::LocalPointer(_) | Reference::LocalAnchor => Ok(()),
         }
-    })
+    })?;
+    if let Some((pointer, reference)) = schema::left_recursive_reference(schema) {
+        return Err(LoadCatalogError::InvalidSchema {
+            capability: capability.id.clone(),
+            role,
+            pointer,
+            message: format!(
+                "the reference {reference} leads back here without descending into a property \
+                 or an item, so validating any value against it would never end"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -801,6 +813,51 @@ pub(crate) mod tests {
     thread_local! {
         /// Input validators compiled on this thread (tests run one per thread).
         pub(crate) static COMPILED_VALIDATORS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    #[test]
+    fn references_that_loop_in_place_are_refused_and_recursive_trees_are_not() {
+        let load = |schema: serde_json::Value| Catalog::new(vec![Capability::new("t.x", schema)]);
+        for (schema, at) in [
+            (
+                json!({"anyOf": [{"$ref": "#"}, {"type": "number"}]}),
+                "/anyOf/0",
+            ),
+            (
+                json!({"type": "object", "allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"not": {"$ref": "#"}}}}),
+                "/$defs/a/not",
+            ),
+            (
+                json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}),
+                "/$defs/",
+            ),
+            // What the fuzzer found (seed 1796132628909307461), trimmed: it overflowed the stack.
+            (
+                json!({"type": "object", "items": {"additionalProperties": true}, "anyOf": [{"$ref": "#"}, {"type": "number"}]}),
+                "/anyOf/0",
+            ),
+        ] {
+            match load(schema.clone()) {
+                Err(LoadCatalogError::InvalidSchema {
+                    pointer, message, ..
+                }) => {
+                    assert!(pointer.starts_with(at), "{schema}: {pointer}");
+                    assert!(message.contains("never end"), "{message}");
+                }
+                other => panic!("{schema}: {other:?}"),
+            }
+        }
+        // A tree: the reference descends into a property first, so every value is finite.
+        let tree = json!({"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}});
+        let catalog = load(tree).expect("a recursive tree loads");
+        assert!(
+            catalog
+                .validate_input(
+                    0,
+                    &json!({"children": [{"children": []}], "next": {"next": null}})
+                )
+                .is_ok()
+        );
     }
 
     #[test]

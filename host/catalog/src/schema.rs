@@ -109,6 +109,95 @@ pub(crate) fn visit_subschemas<E>(
     Ok(())
 }
 
+/// Keywords that apply their subschemas to the instance itself, not to a property or an item of
+/// it: a cycle of references through these alone never consumes any of the instance.
+const IN_PLACE_SINGLE: &[&str] = &["not", "if", "then", "else"];
+const IN_PLACE_ARRAYS: &[&str] = &["anyOf", "oneOf", "allOf"];
+const IN_PLACE_MAPS: &[&str] = &["dependentSchemas", "dependencies"];
+
+/// A `$ref` that closes a cycle of references through in-place keywords only, such as
+/// `{"anyOf": [{"$ref": "#"}]}`: validating any instance against it would recurse forever (the
+/// validator overflows the stack or never ends). Returns the pointer of the `$ref` and its
+/// value. Cycles that descend into a property or an item (recursive trees) are fine.
+pub(crate) fn left_recursive_reference(root: &Value) -> Option<(String, String)> {
+    let mut nodes = Vec::new();
+    let _ = visit_subschemas::<()>(root, "", &mut |_, pointer| {
+        nodes.push(pointer.to_owned());
+        Ok(())
+    });
+    // 1: on the current path of in-place edges; 2: explored, no cycle through it.
+    let mut state: std::collections::HashMap<String, u8> = std::collections::HashMap::new();
+    nodes
+        .iter()
+        .find_map(|node| in_place_cycle(root, node, &mut state))
+}
+
+fn in_place_cycle(
+    root: &Value,
+    pointer: &str,
+    state: &mut std::collections::HashMap<String, u8>,
+) -> Option<(String, String)> {
+    if state.contains_key(pointer) {
+        return None;
+    }
+    state.insert(pointer.to_owned(), 1);
+    for (target, reference) in in_place_edges(root, pointer) {
+        match state.get(&target) {
+            Some(1) => {
+                if let Some(reference) = reference {
+                    return Some((pointer.to_owned(), reference));
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some(found) = in_place_cycle(root, &target, state) {
+                    return Some(found);
+                }
+            }
+        }
+    }
+    state.insert(pointer.to_owned(), 2);
+    None
+}
+
+/// The schemas applied to the same instance as the one at `pointer`, each with the `$ref`
+/// value that leads there (`None` for a subschema of an in-place keyword).
+fn in_place_edges(root: &Value, pointer: &str) -> Vec<(String, Option<String>)> {
+    let Some(Value::Object(object)) = root.pointer(pointer) else {
+        return Vec::new();
+    };
+    let mut edges = Vec::new();
+    for (keyword, value) in object {
+        let keyword_pointer = push_pointer(pointer, keyword);
+        match (keyword.as_str(), value) {
+            ("$ref", Value::String(reference)) => {
+                if let Reference::LocalPointer(target) = classify_reference(reference)
+                    && root.pointer(&target).is_some()
+                {
+                    edges.push((target, Some(reference.clone())));
+                }
+            }
+            (keyword, Value::Object(_)) if IN_PLACE_SINGLE.contains(&keyword) => {
+                edges.push((keyword_pointer, None));
+            }
+            (keyword, Value::Array(items)) if IN_PLACE_ARRAYS.contains(&keyword) => {
+                for index in 0..items.len() {
+                    edges.push((push_pointer(&keyword_pointer, &index.to_string()), None));
+                }
+            }
+            (keyword, Value::Object(map)) if IN_PLACE_MAPS.contains(&keyword) => {
+                for (name, subschema) in map {
+                    if subschema.is_object() {
+                        edges.push((push_pointer(&keyword_pointer, name), None));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    edges
+}
+
 /// How a `$ref` value is to be resolved.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Reference {
