@@ -8,9 +8,15 @@
 # `corral exec` (wasmtime) and compares the two reports.
 # Exit status: 0 when every test passed, 1 otherwise.
 set -euo pipefail
+die() { echo "js/test.sh: $*" >&2; exit 1; }
+# CORRAL_BIN may be relative to where this was started from.
+if [ -n "${CORRAL_BIN:-}" ]; then
+  [ -x "$CORRAL_BIN" ] || die "CORRAL_BIN=$CORRAL_BIN is not an executable corral binary"
+  CORRAL_BIN="$(realpath "$CORRAL_BIN")"
+  export CORRAL_BIN
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-die() { echo "js/test.sh: $*" >&2; exit 1; }
 bash ./setup.sh
 
 log="$(mktemp)"
