@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use corral_catalog::Catalog;
 use corral_chat::backends::{RoutingBackend, WebhookBackend};
 use corral_chat::{
-    ApprovalPolicy, Decision, EventSink, Input, ModelLimits, RunError, RunEvent, RunResult,
+    ApprovalPolicy, EventSink, Input, ModelLimits, RunError, RunEvent, RunResult,
     SandboxExecutorFactory, SinkError, StoreJournal,
 };
 use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions};
@@ -262,20 +262,6 @@ impl TurnRunner for ChatTurnRunner {
                 "the agent's catalog, manifest or version changed since the turn paused",
             );
         }
-        let decisions = checkpoint
-            .decisions
-            .iter()
-            .map(|(id, d)| {
-                (
-                    id.clone(),
-                    Decision {
-                        approved: d.approved,
-                        reason: d.reason.clone(),
-                        value: d.value.clone(),
-                    },
-                )
-            })
-            .collect();
         let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest))
             .with_redactor(Arc::clone(&redactor));
         let input = Input {
@@ -309,7 +295,7 @@ impl TurnRunner for ChatTurnRunner {
             },
             user: Some(script_user(&job.session)),
             fingerprint,
-            decisions,
+            decisions: checkpoint.decisions.clone(),
             resume: None,
         };
         match corral_chat::run(&job.cancel, input).await {

@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+/// A paused call waiting for a person, and a person's decision on one: the chat runtime's own
+/// types, so a checkpoint it writes is read here without conversion.
+pub use corral_chat::{Decision, Interaction};
+
 /// One segment of a turn to execute.
 #[derive(Debug, Clone)]
 pub struct TurnJob {
@@ -71,39 +75,6 @@ impl TurnCheckpoint {
             fingerprint: None,
         }
     }
-}
-
-/// Something the turn waits on a person for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Interaction {
-    /// Stable id, derived from the call's position in the turn.
-    pub interaction_id: String,
-    /// `approval` (answered by the `approve` command) or `input` (by `respond`).
-    pub kind: String,
-    /// The model tool (`run_js` or a direct capability tool).
-    pub tool_name: String,
-    /// The capability, for a gated call inside a script or a direct tool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capability_id: Option<String>,
-    /// The arguments to approve (`{"code": ...}` for `run_js`).
-    pub arguments: Value,
-    /// SHA-256 (hex) of the arguments' canonical JSON.
-    pub arguments_sha256: String,
-}
-
-/// A decision on an interaction.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Decision {
-    /// Approved or rejected.
-    pub approved: bool,
-    /// Why, shown to the model on a rejection.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// For `respond`: the value given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<Value>,
 }
 
 /// How a segment ended.
