@@ -4,7 +4,7 @@
 //! `corral chat --session ID` over the same store asks the same question, and the approved
 //! script runs exactly once.
 
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
+
+mod common;
 
 /// The script the scripted model writes, and the model's last words.
 const SCRIPT: &str =
@@ -26,39 +28,16 @@ fn webhook(calls: Arc<AtomicU32>) -> String {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            let mut buffer = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let body = loop {
-                let n = stream.read(&mut chunk).unwrap_or(0);
-                if n == 0 {
-                    break None;
-                }
-                buffer.extend_from_slice(&chunk[..n]);
-                let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
-                    continue;
-                };
-                let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
-                let length = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                    .unwrap_or(0);
-                if buffer.len() >= end + 4 + length {
-                    break Some(buffer[end + 4..end + 4 + length].to_vec());
-                }
+            let Some(request) = common::read_json_request(&mut stream) else {
+                continue;
             };
-            let Some(body) = body else { continue };
-            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             if request["capability_id"] == "shop.orders.cancel" {
                 calls.fetch_add(1, Ordering::SeqCst);
             }
-            let reply = json!({"ok": true, "output": {"id": request["input"][0]["id"], "status": "cancelled"}})
-                .to_string();
-            let response = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                reply.len()
+            common::reply_json(
+                &mut stream,
+                &json!({"ok": true, "output": {"id": request["input"][0]["id"], "status": "cancelled"}}),
             );
-            let _ = stream.write_all(response.as_bytes());
         }
     });
     url

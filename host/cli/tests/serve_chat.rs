@@ -6,7 +6,9 @@
 
 #![cfg(unix)]
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+mod common;
+
+use std::io::{BufRead as _, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,30 +39,6 @@ impl Shop {
     }
 }
 
-fn read_request(stream: &mut std::net::TcpStream) -> Option<Value> {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
-            continue;
-        };
-        let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
-        let length = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
-        if buffer.len() >= end + 4 + length {
-            return serde_json::from_slice(&buffer[end + 4..end + 4 + length]).ok();
-        }
-    }
-}
-
 fn webhook(shop: Arc<Shop>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}/", listener.local_addr().expect("addr"));
@@ -69,7 +47,7 @@ fn webhook(shop: Arc<Shop>) -> String {
             let Ok(mut stream) = stream else { return };
             let shop = Arc::clone(&shop);
             std::thread::spawn(move || {
-                let Some(request) = read_request(&mut stream) else {
+                let Some(request) = common::read_json_request(&mut stream) else {
                     return;
                 };
                 let capability = request["capability_id"].as_str().unwrap_or("").to_owned();
@@ -80,12 +58,10 @@ fn webhook(shop: Arc<Shop>) -> String {
                 }
                 std::thread::sleep(Duration::from_millis(300));
                 shop.in_flight.fetch_sub(1, Ordering::SeqCst);
-                let reply = json!({"ok": true, "output": {"from": capability}}).to_string();
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                    reply.len()
+                common::reply_json(
+                    &mut stream,
+                    &json!({"ok": true, "output": {"from": capability}}),
                 );
-                let _ = stream.write_all(response.as_bytes());
             });
         }
     });

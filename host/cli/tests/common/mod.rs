@@ -1,0 +1,45 @@
+//! Pieces shared by the binary's tests: a minimal blocking HTTP/1.1 exchange for the webhook
+//! backends they serve (one JSON request per connection, one JSON reply).
+
+#![allow(dead_code)]
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+
+use serde_json::Value;
+
+/// Reads one request and returns its JSON body (`None` if the peer went away or it is not
+/// JSON).
+pub fn read_json_request(stream: &mut TcpStream) -> Option<Value> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if buffer.len() >= end + 4 + length {
+            return serde_json::from_slice(&buffer[end + 4..end + 4 + length]).ok();
+        }
+    }
+}
+
+/// Answers `200 OK` with `body` as JSON and closes.
+pub fn reply_json(stream: &mut TcpStream, body: &Value) {
+    let body = body.to_string();
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes());
+}
