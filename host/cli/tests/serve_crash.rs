@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_server::manifest::manifest_hash;
+use corral_server::tenancy::DEFAULT_TENANT;
 use corral_store::{EffectStatus, SqliteStore, Store};
 use serde_json::{Value, json};
 
@@ -301,9 +302,11 @@ impl Driver {
 async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_check: bool) {
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(store_path).expect("open the store after the kill"));
+    // Sessions are stored under tenant-qualified keys (corral_server::tenancy).
+    let stored = |session: &str| format!("{DEFAULT_TENANT}/{session}");
     for ((session, key), response) in &ledger.acked {
         let record = store
-            .get_command(session, key)
+            .get_command(&stored(session), key)
             .await
             .expect("read command")
             .unwrap_or_else(|| panic!("acknowledged command {session}/{key} was lost"));
@@ -318,7 +321,7 @@ async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_chec
         let mut after = 0;
         loop {
             let page = store
-                .list_events(&session, after, 1000)
+                .list_events(&stored(&session), after, 1000)
                 .await
                 .unwrap_or_default();
             if page.is_empty() {
@@ -350,7 +353,7 @@ async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_chec
         }
         if final_check {
             let invoking = store
-                .list_effects(&session, Some(EffectStatus::Invoking))
+                .list_effects(&stored(&session), Some(EffectStatus::Invoking))
                 .await
                 .expect("effects");
             assert!(

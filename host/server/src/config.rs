@@ -9,6 +9,8 @@ use corral_store::ExecutorScope;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
+use crate::tenancy::tenant_problem;
+
 /// The shortest token accepted.
 pub const MIN_TOKEN_CHARS: usize = 16;
 
@@ -307,8 +309,8 @@ impl RawToken {
                         return Err(field(name(key), "is only for executor tokens"));
                     }
                 }
-                if self.tenant.as_deref().is_some_and(|t| t.trim().is_empty()) {
-                    return Err(field(name("tenant"), "must not be empty"));
+                if let Some(problem) = self.tenant.as_deref().and_then(tenant_problem) {
+                    return Err(field(name("tenant"), problem));
                 }
                 Role::Application {
                     tenant: self.tenant,
@@ -392,5 +394,17 @@ implementationVersion = "1"
         assert!(error_of(&GOOD.replace("127.0.0.1:0", "nowhere")).contains("listen"));
         assert!(error_of(&format!("{GOOD}\nbogus = 1\n")).contains("bogus"));
         assert!(error_of("store = \"sqlite:x\"").contains("tokens"));
+        for tenant in ["", "acme/eu", "ac me"] {
+            let scoped = GOOD.replace(
+                "role = \"application\"",
+                &format!("role = \"application\"\ntenant = \"{tenant}\""),
+            );
+            assert!(error_of(&scoped).contains("tokens[0].tenant"), "{tenant:?}");
+        }
+        let scoped = GOOD.replace(
+            "role = \"application\"",
+            "role = \"application\"\ntenant = \"acme-eu.1\"",
+        );
+        assert!(Config::from_toml(&scoped).is_ok());
     }
 }

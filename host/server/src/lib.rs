@@ -42,6 +42,7 @@ pub mod runtime;
 mod scheduler;
 pub mod script;
 pub mod sse;
+pub mod tenancy;
 pub mod wire;
 
 use std::future::Future;

@@ -167,6 +167,31 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
     }
 }
 
+/// A session route's `{id}` and optional `tenantId` query parameter (an operator's choice of
+/// tenant; see [`crate::tenancy`]).
+#[derive(Debug)]
+pub struct SessionAddress {
+    /// The id within the tenant.
+    pub id: String,
+    /// The tenant asked for.
+    pub tenant: Option<String>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionAddress {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::InvalidRequest(format!("invalid path: {e}")))?;
+        let QueryMap(mut query) = QueryMap::from_request_parts(parts, state).await?;
+        Ok(SessionAddress {
+            id,
+            tenant: query.remove("tenantId"),
+        })
+    }
+}
+
 fn cursor_of(text: &str) -> Result<u64, ApiError> {
     text.parse::<u64>().map_err(|_| {
         ApiError::InvalidRequest(format!(
@@ -275,7 +300,8 @@ pub(crate) async fn put_agent(
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
-    params(("agentId" = Option<String>, Query, description = "Only this agent's sessions")),
+    params(("agentId" = Option<String>, Query, description = "Only this agent's sessions"),
+        ("tenantId" = Option<String>, Query, description = "Only this tenant's (an operator token sees every tenant's without it)")),
     responses(
         (status = 200, description = "Sessions the token may see", body = SessionList),
         (status = 401, description = "No or unknown token", body = ErrorBody),
@@ -287,14 +313,16 @@ pub(crate) async fn list_sessions(
     QueryMap(query): QueryMap,
 ) -> Result<Json<SessionList>, ApiError> {
     let tenant = tenant.as_deref();
+    let asked = query.get("tenantId").map(String::as_str);
     let agent = query.get("agentId").cloned();
     Ok(Json(SessionList {
-        sessions: state.runtime.list_sessions(tenant, agent).await?,
+        sessions: state.runtime.list_sessions(tenant, asked, agent).await?,
     }))
 }
 
 #[utoipa::path(put, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The session id")),
+    params(("id" = String, Path, description = "The session id within its tenant"),
+        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own")),
     request_body = PutSession,
     responses(
         (status = 200, description = "The session (created now or before with equal parameters)", body = SessionView),
@@ -308,17 +336,34 @@ pub(crate) async fn list_sessions(
 pub(crate) async fn put_session(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    Path(id): Path<String>,
+    address: SessionAddress,
     body: Body<PutSession>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let tenant = tenant.as_deref();
+    let (tenant, asked) = (tenant.as_deref(), address.tenant.as_deref());
     Ok(Json(
-        state.runtime.put_session(tenant, &id, body.value).await?,
+        state
+            .runtime
+            .put_session(tenant, asked, &address.id, body.value)
+            .await?,
     ))
 }
 
+/// The addressed session, if the caller may see it (its store key is `id`).
+async fn visible(
+    state: &AppState,
+    tenant: Option<String>,
+    address: &SessionAddress,
+) -> Result<corral_store::Session, ApiError> {
+    let asked = address.tenant.as_deref();
+    state
+        .runtime
+        .visible_session(tenant.as_deref(), asked, &address.id)
+        .await
+}
+
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The session id")),
+    params(("id" = String, Path, description = "The session id within its tenant"),
+        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own")),
     responses(
         (status = 200, description = "The session", body = SessionView),
         (status = 401, description = "No or unknown token", body = ErrorBody),
@@ -328,15 +373,15 @@ pub(crate) async fn put_session(
 pub(crate) async fn get_session(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    Path(id): Path<String>,
+    address: SessionAddress,
 ) -> Result<Json<SessionView>, ApiError> {
-    let tenant = tenant.as_deref();
-    let session = state.runtime.visible_session(tenant, &id).await?;
+    let session = visible(&state, tenant, &address).await?;
     Ok(Json(state.runtime.view(session).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/commands", tag = "sessions", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The session id")),
+    params(("id" = String, Path, description = "The session id within its tenant"),
+        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own")),
     request_body = Command,
     responses(
         (status = 200, description = "Accepted (a replay returns the first response byte for byte)", body = Accepted),
@@ -350,20 +395,22 @@ pub(crate) async fn get_session(
 pub(crate) async fn post_command(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    address: SessionAddress,
     body: Body<Command>,
 ) -> Result<Json<Value>, ApiError> {
+    let asked = address.tenant.as_deref();
     Ok(Json(
         state
             .runtime
-            .command(&caller, &id, body.value, body.raw)
+            .command(&caller, asked, &address.id, body.value, body.raw)
             .await?,
     ))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/items", tag = "events", security(("bearer" = [])),
     params(
-        ("id" = String, Path, description = "The session id"),
+        ("id" = String, Path, description = "The session id within its tenant"),
+        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own"),
         ("cursor" = Option<u64>, Query, description = "Events after this cursor (0: from the start)"),
         ("limit" = Option<usize>, Query, description = "1..=1000, 100 by default")),
     responses(
@@ -376,11 +423,10 @@ pub(crate) async fn post_command(
 pub(crate) async fn get_items(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    Path(id): Path<String>,
+    address: SessionAddress,
     QueryMap(query): QueryMap,
 ) -> Result<Json<ItemsPage>, ApiError> {
-    let tenant = tenant.as_deref();
-    state.runtime.visible_session(tenant, &id).await?;
+    let session = visible(&state, tenant, &address).await?;
     let cursor = query
         .get("cursor")
         .map(|c| cursor_of(c))
@@ -396,7 +442,10 @@ pub(crate) async fn get_items(
                 ApiError::InvalidRequest(format!("invalid limit {text:?}: 1 to 1000"))
             })?,
     };
-    let items = state.runtime.events_after(&id, cursor, limit).await?;
+    let items = state
+        .runtime
+        .events_after(&session.id, cursor, limit)
+        .await?;
     let next = items.last().map_or(cursor, |e| e.cursor);
     Ok(Json(ItemsPage {
         items,
@@ -406,7 +455,8 @@ pub(crate) async fn get_items(
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "events", security(("bearer" = [])),
     params(
-        ("id" = String, Path, description = "The session id"),
+        ("id" = String, Path, description = "The session id within its tenant"),
+        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own"),
         ("cursor" = Option<u64>, Query, description = "Resume after this cursor (else Last-Event-ID, else 0)"),
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this cursor")),
     responses(
@@ -419,12 +469,11 @@ pub(crate) async fn get_items(
 pub(crate) async fn get_events(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    Path(id): Path<String>,
+    address: SessionAddress,
     headers: HeaderMap,
     QueryMap(query): QueryMap,
 ) -> Result<Response, ApiError> {
-    let tenant = tenant.as_deref();
-    let session = state.runtime.visible_session(tenant, &id).await?;
+    let session = visible(&state, tenant, &address).await?;
     let cursor = match query.get("cursor") {
         Some(text) => cursor_of(text)?,
         None => match headers.get("last-event-id") {
@@ -438,7 +487,7 @@ pub(crate) async fn get_events(
             session.last_cursor
         )));
     }
-    Ok(session_stream(&state.runtime, &state.hub, id, cursor).into_response())
+    Ok(session_stream(&state.runtime, &state.hub, session.id, cursor).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/executors/connect", tag = "executors", security(("bearer" = [])),

@@ -25,7 +25,8 @@ pub use corral_chat::{Decision, Interaction};
 pub struct TurnJob {
     /// The store; every write the runner makes carries [`TurnJob::fence`].
     pub store: Arc<dyn Store>,
-    /// The session row as claimed (manifest, owner, state).
+    /// The session row as claimed (manifest, owner, state). Its `id` is the store key
+    /// `TENANT/ID` (see [`crate::tenancy`]), which the engine passes back to the store as is.
     pub session: Session,
     /// The lease the segment runs under.
     pub fence: Fence,

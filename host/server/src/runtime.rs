@@ -33,8 +33,8 @@ use crate::wire::{
     SessionView, Status, UncertainEffect, rfc3339,
 };
 
-/// The tenant of sessions created by an operator token without `tenantId`.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::tenancy::DEFAULT_TENANT;
+use crate::tenancy::{addressed_tenant, public_id, session_key};
 
 /// How many times a command is decided again after a concurrent change.
 const ATTEMPTS: usize = 16;
@@ -183,42 +183,43 @@ impl Runtime {
 
     // ---- sessions ----
 
-    /// The session, if the application tenant may see it (another tenant's is 404).
+    /// Session `id` of the tenant the caller addresses (its own; for an operator `asked`, else
+    /// the default tenant), or 404. The returned session's `id` is its store key.
     pub async fn visible_session(
         &self,
         tenant: Option<&str>,
-        session_id: &str,
+        asked: Option<&str>,
+        id: &str,
     ) -> Result<Session, ApiError> {
+        let tenant = addressed_tenant(tenant, asked)?;
         let session = self
             .store
-            .get_session(session_id)
+            .get_session(&session_key(&tenant, id))
             .await
             .map_err(|e| ApiError::from_store("get session", e))?;
-        match tenant {
-            Some(tenant) if tenant != session.tenant_id => {
-                Err(ApiError::NotFound("session not found".to_owned()))
-            }
-            _ => Ok(session),
+        if session.tenant_id != tenant {
+            return Err(ApiError::NotFound("session not found".to_owned()));
         }
+        Ok(session)
     }
 
     /// Creates a session idempotently.
     pub async fn put_session(
         &self,
         tenant: Option<&str>,
+        asked: Option<&str>,
         session_id: &str,
         body: PutSession,
     ) -> Result<SessionView, ApiError> {
-        let tenant_id = match (tenant, body.tenant_id.as_deref()) {
-            (Some(own), Some(asked)) if own != asked => {
-                return Err(ApiError::Forbidden(
-                    "tenantId may only be set by an operator token".to_owned(),
+        let asked = match (asked, body.tenant_id.as_deref()) {
+            (Some(query), Some(field)) if query != field => {
+                return Err(ApiError::InvalidRequest(
+                    "the tenantId query parameter and field disagree".to_owned(),
                 ));
             }
-            (Some(own), _) => own.to_owned(),
-            (None, Some(asked)) => asked.to_owned(),
-            (None, None) => DEFAULT_TENANT.to_owned(),
+            (query, field) => field.or(query),
         };
+        let tenant_id = addressed_tenant(tenant, asked)?;
         for (name, value) in [
             ("agentId", &body.agent_id),
             ("ownerUserId", &body.owner_user_id),
@@ -228,11 +229,6 @@ impl Runtime {
                     "{name} must not be empty"
                 )));
             }
-        }
-        if tenant_id.trim().is_empty() {
-            return Err(ApiError::InvalidRequest(
-                "tenantId must not be empty".to_owned(),
-            ));
         }
         if session_id.is_empty() || session_id.len() > 200 {
             return Err(ApiError::InvalidRequest(
@@ -246,7 +242,7 @@ impl Runtime {
             "tenantId": tenant_id,
         });
         let mut new = NewSession::new(
-            session_id,
+            session_key(&tenant_id, session_id),
             &tenant_id,
             &body.owner_user_id,
             &body.agent_id,
@@ -262,11 +258,6 @@ impl Runtime {
             ),
             other => ApiError::from_store("create session", other),
         })?;
-        if tenant.is_some_and(|t| t != created.session.tenant_id) {
-            return Err(ApiError::Conflict(
-                "a session with this id exists with different creation parameters".to_owned(),
-            ));
-        }
         self.view(created.session).await
     }
 
@@ -274,10 +265,15 @@ impl Runtime {
     pub async fn list_sessions(
         &self,
         tenant: Option<&str>,
+        asked: Option<&str>,
         agent_id: Option<String>,
     ) -> Result<Vec<SessionSummary>, ApiError> {
         let mut filter = SessionFilter::default();
-        filter.tenant_id = tenant.map(str::to_owned);
+        // An operator sees every tenant's sessions unless it asks for one.
+        filter.tenant_id = match (tenant, asked) {
+            (None, None) => None,
+            (tenant, asked) => Some(addressed_tenant(tenant, asked)?),
+        };
         filter.agent_id = agent_id;
         let sessions = self
             .store
@@ -287,7 +283,8 @@ impl Runtime {
         Ok(sessions
             .into_iter()
             .map(|s| SessionSummary {
-                id: s.id,
+                id: public_id(&s.id).to_owned(),
+                tenant_id: s.tenant_id,
                 agent_id: s.agent_id,
                 owner_user_id: s.owner_user_id,
                 status: Status::of(s.status),
@@ -325,7 +322,8 @@ impl Runtime {
         Ok(SessionView {
             waits: field("waits"),
             error: field("error"),
-            id: session.id,
+            id: public_id(&session.id).to_owned(),
+            tenant_id: session.tenant_id,
             agent_id: session.agent_id,
             owner_user_id: session.owner_user_id,
             manifest_hash: session.manifest_hash,
@@ -366,11 +364,14 @@ impl Runtime {
     pub async fn command(
         &self,
         caller: &Caller,
+        asked: Option<&str>,
         session_id: &str,
         command: Command,
         raw: Value,
     ) -> Result<Value, ApiError> {
-        let result = self.command_inner(caller, session_id, &command, raw).await;
+        let result = self
+            .command_inner(caller, asked, session_id, &command, raw)
+            .await;
         match &result {
             Ok(_) => self.metrics.command(command.kind()),
             Err(_) => self.metrics.command_rejected(),
@@ -381,12 +382,15 @@ impl Runtime {
     async fn command_inner(
         &self,
         caller: &Caller,
-        session_id: &str,
+        asked: Option<&str>,
+        path_id: &str,
         command: &Command,
         mut raw: Value,
     ) -> Result<Value, ApiError> {
         // Authorization first: executors may only report action results, within their scope.
-        match command {
+        // The session's store key comes from the action for an executor (it is in no tenant),
+        // from the addressed tenant for an application.
+        let session_id = match command {
             Command::ActionResult { action_id, .. } => {
                 let scope = caller.executor()?;
                 let action = self
@@ -402,17 +406,19 @@ impl Runtime {
                         "the action is outside the executor token's scope".to_owned(),
                     ));
                 }
-                if action.session_id != session_id {
+                if public_id(&action.session_id) != path_id {
                     return Err(ApiError::NotFound(
                         "action not found in this session".to_owned(),
                     ));
                 }
+                action.session_id
             }
             _ => {
                 let tenant = caller.application()?;
-                self.visible_session(tenant, session_id).await?;
+                self.visible_session(tenant, asked, path_id).await?.id
             }
-        }
+        };
+        let session_id = session_id.as_str();
         if command.idempotency_key().is_empty() {
             return Err(ApiError::InvalidRequest(
                 "idempotencyKey must not be empty".to_owned(),
@@ -961,7 +967,7 @@ pub(crate) fn server_state(state: &Value, waits: Value, error: Value) -> Value {
 pub fn action_view(a: corral_store::Action) -> ActionView {
     ActionView {
         action_id: a.action_id,
-        session_id: a.session_id,
+        session_id: public_id(&a.session_id).to_owned(),
         turn_id: a.turn_id,
         agent_id: a.agent_id,
         manifest_hash: a.manifest_hash,
@@ -979,7 +985,7 @@ pub fn action_view(a: corral_store::Action) -> ActionView {
 pub fn event_view(e: Event) -> EventView {
     EventView {
         cursor: e.cursor,
-        session_id: e.session_id,
+        session_id: public_id(&e.session_id).to_owned(),
         turn_id: e.turn_id,
         event_type: e.event_type,
         data: e.payload,

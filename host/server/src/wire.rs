@@ -128,8 +128,10 @@ impl Status {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSummary {
-    /// The session.
+    /// The session (unique within its tenant).
     pub id: String,
+    /// Its tenant.
+    pub tenant_id: String,
     /// Its agent.
     pub agent_id: String,
     /// Its user.
@@ -151,8 +153,10 @@ pub struct SessionList {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionView {
-    /// The session.
+    /// The session (unique within its tenant).
     pub id: String,
+    /// Its tenant.
+    pub tenant_id: String,
     /// Its agent.
     pub agent_id: String,
     /// Its user.

@@ -260,7 +260,7 @@ async fn sessions_are_idempotent_on_their_creation_parameters() {
         .await;
     assert_eq!(
         first,
-        json!({"id": "s1", "agentId": "helper", "ownerUserId": "u1", "manifestHash": hash,
+        json!({"id": "s1", "tenantId": "default", "agentId": "helper", "ownerUserId": "u1", "manifestHash": hash,
             "implementationVersion": "1", "status": "idle", "activeTurnId": null, "waits": null,
             "error": null, "actions": [], "uncertainEffects": []})
     );
@@ -316,7 +316,7 @@ async fn sessions_are_idempotent_on_their_creation_parameters() {
         .await;
     assert_eq!(
         list,
-        json!({"sessions": [{"id": "s1", "agentId": "helper", "ownerUserId": "u1", "status": "idle", "activeTurnId": null}]})
+        json!({"sessions": [{"id": "s1", "tenantId": "default", "agentId": "helper", "ownerUserId": "u1", "status": "idle", "activeTurnId": null}]})
     );
     let list = h
         .ok("GET", "/v1/sessions?agentId=other", OPERATOR, None)
@@ -384,7 +384,7 @@ async fn tenants_see_only_their_sessions() {
         )
         .await;
     assert_eq!(status, 200);
-    h.wait_status("a1", "completed").await;
+    h.wait_status("a1?tenantId=acme", "completed").await;
     // An operator may create a session in a tenant.
     let created = h
         .ok(
@@ -395,7 +395,165 @@ async fn tenants_see_only_their_sessions() {
         )
         .await;
     assert_eq!(created["id"], "a3");
+    assert_eq!(created["tenantId"], "acme");
     h.ok("GET", "/v1/sessions/a3", ACME, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_id_is_unique_only_within_its_tenant() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    // Three tenants each have their own `s1`: no 409, and no hint that the others exist.
+    let acme = h.session("s1", ACME).await;
+    let beta = h.session("s1", BETA).await;
+    let default = h.session("s1", OPERATOR).await;
+    for (view, tenant) in [(&acme, "acme"), (&beta, "beta"), (&default, "default")] {
+        assert_eq!(view["id"], "s1");
+        assert_eq!(view["tenantId"], tenant);
+    }
+    // A message to acme's s1 runs there only.
+    let (status, _) = h
+        .command(
+            "s1",
+            ACME,
+            json!({"type": "message", "idempotencyKey": "k", "content": "hello"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let done = h.wait_status("s1?tenantId=acme", "completed").await;
+    assert_eq!(done["tenantId"], "acme");
+    for (token, path) in [
+        (BETA, "/v1/sessions/s1"),
+        (OPERATOR, "/v1/sessions/s1"),
+        (OPERATOR, "/v1/sessions/s1?tenantId=beta"),
+    ] {
+        assert_eq!(
+            h.ok("GET", path, token, None).await["status"],
+            "idle",
+            "{path}"
+        );
+    }
+    // The same idempotency key in another tenant's s1 is another command.
+    let (status, accepted) = h
+        .command(
+            "s1",
+            BETA,
+            json!({"type": "message", "idempotencyKey": "k", "content": "other"}),
+        )
+        .await;
+    assert_eq!((status, &accepted["cursor"]), (200, &json!(1)));
+    h.wait_status("s1?tenantId=beta", "completed").await;
+    // Events carry the id within the tenant, and each stream is its own tenant's.
+    let page = h
+        .ok("GET", "/v1/sessions/s1/items?limit=1000", ACME, None)
+        .await;
+    let events = page["items"].as_array().expect("items");
+    assert!(events.iter().all(|e| e["sessionId"] == "s1"));
+    assert_eq!(events[0]["data"]["content"], "hello");
+    let page = h
+        .ok(
+            "GET",
+            "/v1/sessions/s1/items?limit=1000&tenantId=beta",
+            OPERATOR,
+            None,
+        )
+        .await;
+    assert_eq!(page["items"][0]["data"]["content"], "other");
+    // The operator's list shows all three with their tenants; a tenant filter narrows it.
+    let list = h.ok("GET", "/v1/sessions", OPERATOR, None).await;
+    let pairs: Vec<(String, String)> = list["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            (
+                s["tenantId"].as_str().unwrap_or("").to_owned(),
+                s["id"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let want = |t: &str| (t.to_owned(), "s1".to_owned());
+    assert_eq!(pairs, [want("acme"), want("beta"), want("default")]);
+    let list = h
+        .ok("GET", "/v1/sessions?tenantId=beta", OPERATOR, None)
+        .await;
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(1));
+    assert_eq!(list["sessions"][0]["tenantId"], "beta");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_an_operator_chooses_the_tenant_of_a_session_route() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("s1", BETA).await;
+    // A tenant token naming another tenant is refused on every session route; naming its own
+    // is allowed.
+    for (method, path) in [
+        ("GET", "/v1/sessions/s1?tenantId=beta"),
+        ("GET", "/v1/sessions/s1/items?tenantId=beta"),
+        ("GET", "/v1/sessions/s1/events?tenantId=beta"),
+        ("GET", "/v1/sessions?tenantId=beta"),
+    ] {
+        let (status, body) = h.call(method, path, Some(ACME), None).await;
+        assert_error(status, &body, 403, "forbidden");
+        let own = path.replace("beta", "acme");
+        let (status, _) = h.call(method, &own, Some(ACME), None).await;
+        assert!(status == 200 || status == 404, "{own}: {status}");
+    }
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/sessions/s1/commands?tenantId=beta",
+            Some(ACME),
+            Some(json!({"type": "message", "idempotencyKey": "k", "content": "x"})),
+        )
+        .await;
+    assert_error(status, &body, 403, "forbidden");
+    // An operator's tenant must be a valid tenant name.
+    for bad in ["a%2Fb", "", "%C3%A9"] {
+        let (status, body) = h
+            .call(
+                "GET",
+                &format!("/v1/sessions/s1?tenantId={bad}"),
+                Some(OPERATOR),
+                None,
+            )
+            .await;
+        assert_error(status, &body, 400, "invalid_request");
+    }
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/sessions/s2",
+            Some(OPERATOR),
+            Some(json!({"agentId": "helper", "ownerUserId": "u1", "tenantId": "a/b"})),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    let (status, body) = h
+        .call(
+            "PUT",
+            "/v1/sessions/s2?tenantId=acme",
+            Some(OPERATOR),
+            Some(json!({"agentId": "helper", "ownerUserId": "u1", "tenantId": "beta"})),
+        )
+        .await;
+    assert_error(status, &body, 400, "invalid_request");
+    // A session id may contain a slash (percent-encoded) without reaching another tenant.
+    let created = h
+        .ok(
+            "PUT",
+            "/v1/sessions/beta%2Fs1",
+            ACME,
+            Some(json!({"agentId": "helper", "ownerUserId": "u1"})),
+        )
+        .await;
+    assert_eq!(
+        (&created["id"], &created["tenantId"]),
+        (&json!("beta/s1"), &json!("acme"))
+    );
+    let (status, body) = h.call("GET", "/v1/sessions/s1", Some(ACME), None).await;
+    assert_error(status, &body, 404, "not_found");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -241,10 +241,10 @@ async fn a_cancel_taken_by_one_replica_stops_the_turn_running_on_the_other() {
     assert_eq!(status, 200, "{body}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let (runner, other) = loop {
-        if runs(&watch_a, "long") {
+        if runs(&watch_a, "default/long") {
             break (Arc::clone(&watch_a), b.clone());
         }
-        if runs(&watch_b, "long") {
+        if runs(&watch_b, "default/long") {
             break (Arc::clone(&watch_b), a.clone());
         }
         assert!(Instant::now() < deadline, "no replica took the turn");
@@ -260,7 +260,7 @@ async fn a_cancel_taken_by_one_replica_stops_the_turn_running_on_the_other() {
     .await;
     assert_eq!(status, 200, "{body}");
     let cancelled = Instant::now();
-    while runs(&runner, "long") {
+    while runs(&runner, "default/long") {
         assert!(
             cancelled.elapsed() < Duration::from_secs(10),
             "the running replica never noticed the cancel"

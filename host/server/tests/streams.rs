@@ -236,13 +236,14 @@ async fn shutdown_aborts_turns_releases_the_store_and_a_restart_resumes_them() {
     );
     // The store was closed: another owner may open it, and sees the turn still to run.
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).expect("the store was released"));
-    let session = store.get_session("s1").await.expect("session");
+    // Stored under its tenant-qualified key (see corral_server::tenancy).
+    let session = store.get_session("default/s1").await.expect("session");
     assert_eq!(session.status.as_str(), "running");
     let turn = session.active_turn_id.clone().expect("turn");
     // An effect left in flight by the stopped process.
     store
         .begin_effect(BeginEffect::new(
-            "s1",
+            "default/s1",
             NewEffect::new(
                 format!("{turn}:manual"),
                 &turn,
