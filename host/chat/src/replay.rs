@@ -197,9 +197,13 @@ impl CallJournal {
         &self,
         effect_id: &str,
         context: &InvocationContext,
-        invocation: Invocation,
+        mut invocation: Invocation,
     ) -> Result<CallOutcome, JournalError> {
         self.flush_batches().await?;
+        // Backends and executors see the journal's effect id as the call id: it is the same
+        // across restarts and replays, so a call an operator retries arrives with the id of its
+        // first attempt and the backend can deduplicate it.
+        invocation.tool_call_id = effect_id.to_string();
         let request = json!({"capability": invocation.capability_id, "input": invocation.input});
         let action = self
             .actions
@@ -269,11 +273,15 @@ pub(crate) fn outcome_to_json(result: &Result<ToolResult, InvokeCapabilityError>
     }
 }
 
+/// A journaled outcome as the call's result. Besides the journal's own form
+/// ([`outcome_to_json`]), this reads the wire form executors and operators send in
+/// `action_result` and `resolve`: `{"value": ...}`, or `{"error": "message"}` /
+/// `{"error": {"message": ...}}`.
 pub(crate) fn outcome_from_json(
     capability_id: &str,
     outcome: &Value,
 ) -> Result<ToolResult, InvokeCapabilityError> {
-    if let Some(ok) = outcome.get("ok") {
+    if let Some(ok) = outcome.get("ok").or_else(|| outcome.get("value")) {
         let attachments = outcome
             .get("attachments")
             .cloned()
@@ -285,6 +293,12 @@ pub(crate) fn outcome_from_json(
         });
     }
     let error = outcome.get("error").cloned().unwrap_or(Value::Null);
+    if let Some(message) = error.as_str() {
+        return Err(InvokeCapabilityError::Failed {
+            capability_id: capability_id.to_string(),
+            message: message.to_string(),
+        });
+    }
     let text = |key: &str| {
         error
             .get(key)
@@ -458,5 +472,44 @@ impl CompletionSchedule for ReplaySchedule {
             json!({"calls": batch, "fuel": fuel_consumed}),
         ));
         Ok(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_round_trip_through_the_journal() {
+        let ok: Result<ToolResult, InvokeCapabilityError> = Ok(ToolResult::new(json!({"n": 1})));
+        let back = outcome_from_json("c", &outcome_to_json(&ok)).map(|r| r.output);
+        assert_eq!(back.ok(), Some(json!({"n": 1})));
+        let failed = Err(InvokeCapabilityError::Failed {
+            capability_id: "c".into(),
+            message: "boom".into(),
+        });
+        let back = outcome_from_json("c", &outcome_to_json(&failed));
+        assert!(
+            matches!(back, Err(InvokeCapabilityError::Failed { message, .. }) if message == "boom")
+        );
+    }
+
+    #[test]
+    fn executor_and_operator_outcomes_use_the_wire_form() {
+        let value = outcome_from_json("demo.action", &json!({"value": {"done": true}}));
+        assert_eq!(value.map(|r| r.output).ok(), Some(json!({"done": true})));
+        let null = outcome_from_json("demo.action", &json!({"value": null}));
+        assert_eq!(null.map(|r| r.output).ok(), Some(Value::Null));
+        for error in [
+            json!({"error": "out of stock"}),
+            json!({"error": {"message": "out of stock"}}),
+        ] {
+            let failed = outcome_from_json("demo.action", &error);
+            assert!(
+                matches!(&failed, Err(InvokeCapabilityError::Failed { capability_id, message })
+                    if capability_id == "demo.action" && message == "out of stock"),
+                "{error}: {failed:?}"
+            );
+        }
     }
 }
