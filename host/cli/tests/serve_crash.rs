@@ -3,17 +3,25 @@
 //! it is restarted each time and the invariants are checked against the store:
 //! - no acknowledged command is lost (each is recorded with the response the client got);
 //! - no event a client saw is lost or changed, and cursors have no gap or duplicate;
-//! - no completed effect runs twice (each performed effect is logged by the runner);
+//! - no completed effect runs twice (each performed effect is logged before it is performed);
 //! - every in-flight effect ends `completed` or `uncertain` (none stays `invoking`).
 //!
-//! `CORRAL_SOAK_ITERATIONS` sets the number of kills (50 by default; `scripts/soak N`).
-//! The harness only speaks the wire contract and reads the store, so it keeps working when the
-//! chat runtime replaces the scripted runner (messages are then ordinary text).
+//! It runs twice: with the server's small scripted engine (`CORRAL_TURN_ENGINE=script`, whose
+//! messages are scripts of steps), and with the real turn engine, the chat runtime, whose
+//! scripted model answers with JavaScript that calls two webhook tools at once, waits on an
+//! executor's action and pauses for approval; there the webhook logs each call's id, which is
+//! the journal's effect id.
+//!
+//! `CORRAL_SOAK_ITERATIONS` sets the number of kills of each loop (50 by default;
+//! `scripts/soak N`). The harness only speaks the wire contract and reads the store.
 
 #![cfg(unix)]
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write as _};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -36,15 +44,85 @@ const SCRIPTS: &[&str] = &[
     "tool",
 ];
 
-fn manifest() -> Value {
-    json!({
-        "id": "crash",
-        "model": {"provider": "scripted", "replies": [{"text": "ok"}]},
-        "capabilities": [
-            {"kind": "builtin", "id": "examples.echo"},
-            {"kind": "action", "id": "demo.action", "input_schema": {"type": "object"}}
-        ]
-    })
+/// The turn engine under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    Script,
+    Chat,
+}
+
+/// What the chat runtime's scripted model answers, in turn: a script, then a closing text.
+const CHAT_SCRIPTS: &[&str] = &[
+    "const [a, b] = await Promise.all([tools.crash.hit({ n: 1 }), tools.crash.hit({ n: 2, ms: 150 })]);\nreturn a.n + b.n;",
+    "const done = await tools.demo.action({ job: 1 });\nconst h = await tools.crash.hit({ n: 3 });\nreturn { done, h };",
+    "return await tools.crash.hit({ n: 4, ms: 400 });",
+];
+
+fn manifest(engine: Engine, webhook: &str) -> Value {
+    let action = json!({"kind": "action", "id": "demo.action", "input_schema": {"type": "object"}});
+    match engine {
+        Engine::Script => json!({
+            "id": "crash",
+            "model": {"provider": "scripted", "replies": [{"text": "ok"}]},
+            "capabilities": [{"kind": "builtin", "id": "examples.echo"}, action]
+        }),
+        Engine::Chat => {
+            // Enough replies for every turn of the loop (past the end the model answers text).
+            let replies: Vec<Value> = (0..300)
+                .flat_map(|i| {
+                    let code = CHAT_SCRIPTS[i % CHAT_SCRIPTS.len()];
+                    [
+                        json!({"toolCalls": [{"name": "run_js", "arguments": {"code": code}}]}),
+                        json!({"text": "ok"}),
+                    ]
+                })
+                .collect();
+            json!({
+                "id": "crash",
+                "model": {"provider": "scripted", "replies": replies},
+                "mode": "js",
+                "approval": "script",
+                "capabilities": [
+                    {"kind": "webhook", "id": "crash.hit", "webhookUrl": webhook,
+                     "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}, "ms": {"type": "integer"}}}},
+                    action
+                ]
+            })
+        }
+    }
+}
+
+/// The chat loop's webhook: appends (and syncs) each call's `tool_call_id` to `log` before it
+/// performs it (waits `ms`, 20 by default), then answers `{"n": n}`.
+fn webhook(log: PathBuf) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let Some(request) = common::read_json_request(&mut stream) else {
+                    return;
+                };
+                if let Ok(mut file) = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                {
+                    let _ = writeln!(file, "{}", request["tool_call_id"].as_str().unwrap_or("?"));
+                    let _ = file.sync_data();
+                }
+                let input = &request["input"][0];
+                std::thread::sleep(Duration::from_millis(input["ms"].as_u64().unwrap_or(20)));
+                common::reply_json(
+                    &mut stream,
+                    &json!({"ok": true, "output": {"n": input["n"]}}),
+                );
+            });
+        }
+    });
+    url
 }
 
 /// A small xorshift generator: reproducible from its seed, printed on failure.
@@ -67,13 +145,15 @@ struct Server {
     base: String,
 }
 
-fn spawn(config: &Path, log: &Path, stderr: &Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env("CORRAL_SCRIPT_EFFECT_LOG", log)
-        .env("CORRAL_TURN_ENGINE", "script")
+fn spawn(engine: Engine, config: &Path, log: &Path, stderr: &Path) -> Server {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
+    command.arg("serve").arg("--config").arg(config);
+    if engine == Engine::Script {
+        command
+            .env("CORRAL_SCRIPT_EFFECT_LOG", log)
+            .env("CORRAL_TURN_ENGINE", "script");
+    }
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(
@@ -120,6 +200,7 @@ struct Ledger {
 struct Driver {
     client: reqwest::Client,
     base: String,
+    engine: Engine,
 }
 
 impl Driver {
@@ -205,7 +286,10 @@ impl Driver {
             let status = view["status"].as_str().unwrap_or("");
             match status {
                 "idle" | "completed" | "failed" | "cancelled" => {
-                    let script = SCRIPTS[rng.below(SCRIPTS.len() as u64) as usize];
+                    let script = match self.engine {
+                        Engine::Script => SCRIPTS[rng.below(SCRIPTS.len() as u64) as usize],
+                        Engine::Chat => "go on",
+                    };
                     self.command(
                         ledger,
                         &session,
@@ -315,8 +399,16 @@ async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_chec
             "the record of {session}/{key} differs from its acknowledgement"
         );
     }
+    let mut effect_ids = HashSet::new();
     for index in 0..SESSIONS {
         let session = format!("crash-{index}");
+        for effect in store
+            .list_effects(&stored(&session), None)
+            .await
+            .expect("effects")
+        {
+            effect_ids.insert(effect.effect_id);
+        }
         let mut events = Vec::new();
         let mut after = 0;
         loop {
@@ -372,11 +464,21 @@ async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_chec
             twice.is_empty(),
             "effects performed more than once: {twice:?}"
         );
+        // Each performed call names its journal effect (the chat runtime gives backends the
+        // effect id as the call id), so the count above is per effect, not per attempt.
+        let strangers: Vec<_> = counts
+            .keys()
+            .filter(|id| !effect_ids.contains(**id))
+            .collect();
+        assert!(
+            strangers.is_empty(),
+            "performed calls that are no journal effect: {strangers:?}"
+        );
     }
 }
 
-fn write_config(dir: &Path) -> PathBuf {
-    let hash = manifest_hash(&manifest());
+fn write_config(dir: &Path, manifest: &Value) -> PathBuf {
+    let hash = manifest_hash(manifest);
     let config = format!(
         r#"listen = "127.0.0.1:0"
 store = "sqlite:{}"
@@ -400,6 +502,15 @@ implementationVersion = "1"
 
 #[test]
 fn sigkill_at_random_points_loses_nothing() {
+    crash_loop(Engine::Script);
+}
+
+#[test]
+fn sigkill_with_the_chat_runtime_loses_nothing() {
+    crash_loop(Engine::Chat);
+}
+
+fn crash_loop(engine: Engine) {
     let iterations: usize = std::env::var("CORRAL_SOAK_ITERATIONS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -412,11 +523,12 @@ fn sigkill_at_random_points_loses_nothing() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64 | 1)
         });
-    eprintln!("crash loop: {iterations} iterations, CORRAL_SOAK_SEED={seed}");
+    eprintln!("crash loop ({engine:?}): {iterations} iterations, CORRAL_SOAK_SEED={seed}");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(dir.path());
-    let store_path = dir.path().join("corral.db");
     let effect_log = dir.path().join("effects.log");
+    let manifest = manifest(engine, &webhook(effect_log.clone()));
+    let config = write_config(dir.path(), &manifest);
+    let store_path = dir.path().join("corral.db");
     let stderr = dir.path().join("serve.stderr");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -427,10 +539,11 @@ fn sigkill_at_random_points_loses_nothing() {
     let started = Instant::now();
     runtime.block_on(async {
         for iteration in 0..=iterations {
-            let mut server = spawn(&config, &effect_log, &stderr);
+            let mut server = spawn(engine, &config, &effect_log, &stderr);
             let driver = Driver {
                 client: reqwest::Client::new(),
                 base: server.base.clone(),
+                engine,
             };
             driver.ready().await;
             if iteration == 0 {
@@ -439,7 +552,7 @@ fn sigkill_at_random_points_loses_nothing() {
                         reqwest::Method::PUT,
                         "/v1/agents/crash",
                         OPERATOR,
-                        Some(json!({"manifest": manifest(), "implementationVersion": "1"})),
+                        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
                     )
                     .await
                     .expect("register the agent");
@@ -484,7 +597,7 @@ fn sigkill_at_random_points_loses_nothing() {
         .map(|t| t.lines().count())
         .unwrap_or(0);
     eprintln!(
-        "crash loop: {iterations} kills in {:?}, {} commands acknowledged, {} events seen, {performed} effects performed",
+        "crash loop ({engine:?}): {iterations} kills in {:?}, {} commands acknowledged, {} events seen, {performed} effects performed",
         started.elapsed(),
         ledger.acked.len(),
         ledger.seen.len()

@@ -152,6 +152,22 @@ async fn run_segment(
             tracing::warn!(%error, session = %fence.session_id, "applying a turn outcome failed");
         }
     }
+    if runtime.shutdown.is_cancelled() {
+        // Aborted by the shutdown: what the segment had in flight may or may not happen. Say so
+        // now, under the lease, rather than when the next start claims the session.
+        match store
+            .mark_in_flight_effects_uncertain(
+                &fence,
+                "the server shut down before the effect's outcome was recorded",
+            )
+            .await
+        {
+            Ok(changed) => runtime.metrics.effects("uncertain", changed.len()),
+            Err(error) => {
+                tracing::warn!(%error, session = %fence.session_id, "marking in-flight effects at shutdown failed");
+            }
+        }
+    }
     renewer.abort();
     let _ = store.release_lease(&fence).await;
 }
