@@ -292,3 +292,65 @@ async fn a_cancel_taken_by_one_replica_stops_the_turn_running_on_the_other() {
     let _ = stop_a.send(());
     let _ = stop_b.send(());
 }
+
+/// Polls `/ready` until it answers `want`; the last body.
+async fn ready_becomes(client: &reqwest::Client, base: &str, want: u16) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) =
+            call(client, reqwest::Method::GET, format!("{base}/ready"), None).await;
+        if status == want {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/ready never answered {want}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ready_is_503_while_postgres_is_down_and_200_once_it_is_back() {
+    // A server of its own: stopping the shared one would disturb the other tests.
+    let pg = PgServer::start_local().expect("PostgreSQL is needed for this test");
+    let config = pg.create_database("ready").await.expect("database");
+    let (base, stop) = replica(config, Arc::new(Watch::default())).await;
+    let client = reqwest::Client::new();
+    let body = ready_becomes(&client, &base, 200).await;
+    assert_eq!(
+        body,
+        json!({"status": "ready", "checks": {"store": true, "scheduler": true, "accepting": true}})
+    );
+    tokio::task::block_in_place(|| pg.crash()).expect("stop PostgreSQL");
+    let body = ready_becomes(&client, &base, 503).await;
+    assert_eq!(
+        body,
+        json!({"status": "not_ready", "checks": {"store": false, "scheduler": true, "accepting": true}})
+    );
+    // A request that needs the store fails typed, without details.
+    let (status, body) = call(
+        &client,
+        reqwest::Method::GET,
+        format!("{base}/v1/sessions"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, &body["code"]),
+        (500, &json!("internal_error")),
+        "{body}"
+    );
+    assert_eq!(body["message"], "the server failed to handle the request");
+    tokio::task::block_in_place(|| pg.restart()).expect("start PostgreSQL again");
+    ready_becomes(&client, &base, 200).await;
+    let (status, body) = call(
+        &client,
+        reqwest::Method::GET,
+        format!("{base}/v1/sessions"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let _ = stop.send(());
+}

@@ -211,12 +211,43 @@ async fn a_client_that_does_not_read_never_blocks_the_turn() {
     let mut head = [0u8; 12];
     socket.read_exact(&mut head).await.expect("status line");
     assert_eq!(&head, b"HTTP/1.1 200");
+    // A reader that keeps up, beside it.
+    let good = tokio::spawn(stream_until_completed(
+        h.base.clone(),
+        h.client.clone(),
+        "s1",
+        None,
+        None,
+    ));
     // Never read again, while the turn appends a few thousand events.
     h.message("s1", "k1", "events:3000").await;
     let started = Instant::now();
     h.wait_status("s1", "completed").await;
     assert!(started.elapsed() < Duration::from_secs(20));
+    // The reader that kept up got every event, in order.
+    let cursors = good.await.expect("reader");
+    let last = *cursors.last().expect("events");
+    assert!(last > 3000);
+    assert_eq!(cursors, (1..=last).collect::<Vec<_>>());
+    // The slow client was dropped: its stream's producer and buffer are gone, and the metrics
+    // say so (only the slow one: the good reader's stream ended with the turn it read).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = h.request("GET", "/metrics", Some(OPERATOR), None).await;
+        if text.contains("corral_sse_dropped_total 1\n") && text.contains("corral_sse_streams 0\n")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow client was not dropped:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drop(socket);
+    // Nothing is lost for it: resuming from the start replays the whole history.
+    let again = stream_until_completed(h.base.clone(), h.client.clone(), "s1", Some(0), None).await;
+    assert_eq!(again, cursors);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -170,18 +170,26 @@ impl PgServer {
     /// every connection cut mid-transaction), then starts it again on the same data, which runs
     /// crash recovery. Fails for a server named by `DATABASE_URL`.
     pub fn crash_and_restart(&self) -> Result<(), StartPostgresError> {
-        let Some(server) = &self.local else {
-            return Err(StartPostgresError::Step {
-                step: "crash",
-                detail: "only a local server can be crashed".to_owned(),
-            });
-        };
+        self.crash()?;
+        self.restart()
+    }
+
+    /// Kills a local server the way a crash would, and leaves it down until [`Self::restart`].
+    pub fn crash(&self) -> Result<(), StartPostgresError> {
+        let server = self.local_server("crash")?;
         let data = server.data.display().to_string();
         server.run(
             "pg_ctl stop -m immediate",
             "pg_ctl",
             &["-D", &data, "-m", "immediate", "-w", "stop"],
         )?;
+        Ok(())
+    }
+
+    /// Starts a local server stopped by [`Self::crash`] again, on the same port and data.
+    pub fn restart(&self) -> Result<(), StartPostgresError> {
+        let server = self.local_server("restart")?;
+        let data = server.data.display().to_string();
         let port = self.admin.get_ports().first().copied().unwrap_or(5432);
         let options = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=300",
@@ -196,6 +204,13 @@ impl PgServer {
             ],
         )?;
         Ok(())
+    }
+
+    fn local_server(&self, step: &'static str) -> Result<&LocalServer, StartPostgresError> {
+        self.local.as_ref().ok_or(StartPostgresError::Step {
+            step,
+            detail: "only a local server can be stopped and started".to_owned(),
+        })
     }
 
     /// Settings for the maintenance database.
