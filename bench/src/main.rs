@@ -127,15 +127,17 @@ fn main() -> anyhow::Result<()> {
             results.push(serde_json::from_value(value.clone()).context("a peer result")?);
         }
     }
-    let (store, chat_turn) = if args.store {
+    let (store, chat_turn, serve) = if args.store {
         eprintln!("corral-bench: durable store step");
         let quick = ["--steps", "50", "--seconds", "0.3"];
         let store = run_example("durable_step_bench", "corral-store", plan.quick, &quick)?;
         eprintln!("corral-bench: chat runtime per turn");
         let turn = run_example("turn_bench", "corral-chat", plan.quick, &["--turns", "8"])?;
-        (store, turn)
+        eprintln!("corral-bench: corral serve over loopback");
+        let serve = run_example("serve_bench", "corral-cli", plan.quick, &["--quick"])?;
+        (store, turn, serve)
     } else {
-        (Value::Null, Value::Null)
+        (Value::Null, Value::Null, Value::Null)
     };
     let js_host = if args.peers {
         eprintln!("corral-bench: the JavaScript host (node js/bench.mjs)");
@@ -165,6 +167,7 @@ fn main() -> anyhow::Result<()> {
         "fuel": fuel,
         "durable_step": store,
         "chat_turn": chat_turn,
+        "serve": serve,
         "mcp_call": mcp,
         "js_host": js_host,
     });

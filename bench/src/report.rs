@@ -489,5 +489,57 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
             let _ = writeln!(md, "\n{}", note.as_str().unwrap_or(""));
         }
     }
+    serve_section(&mut md, &document["serve"]);
     Ok(md)
+}
+
+/// `corral serve` over loopback (`host/cli/examples/serve_bench.rs`).
+fn serve_section(md: &mut String, serve: &Value) {
+    let Some(rows) = serve["results"].as_array() else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "\n## `corral serve` over loopback\n\nThe real `corral serve` process, chat runtime on the scripted model. \
+         **ack**: a `message` command's round trip, one session (aim: p50 ≤ 2 ms embedded). **commands/s**: N \
+         sessions at once, each sending a message and waiting for its turn to complete on its SSE stream. \
+         **approve → first event**: from sending `approve` to the SSE delivery of the resumed turn's first event \
+         (aim: p99 ≤ 50 ms). **SSE**: streams open at once; server memory per stream (VmRSS difference; aim: \
+         1,000 streams in ≤ 100 MiB) and from sending a message to its event reaching every stream (an upper \
+         bound of append → delivery).\n\n| store | ack p50 ms | ack p99 ms | commands/s (sessions) | approve → first event p50 / p99 ms | SSE streams | KiB per stream | delivery p50 / p99 ms |\n|---|---|---|---|---|---|---|---|"
+    );
+    let fixed = |v: &Value| v.as_f64().map_or("?".to_owned(), |x| format!("{x:.2}"));
+    for row in rows {
+        let load: Vec<String> = row["load"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| {
+                format!(
+                    "{:.0} ({})",
+                    l["commands_per_s"].as_f64().unwrap_or(0.0),
+                    l["sessions"]
+                )
+            })
+            .collect();
+        let approve = &row["approve_to_first_event"];
+        let sse = &row["sse"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} / {} | {} | {} | {} / {} |",
+            row["store"].as_str().unwrap_or("?"),
+            fixed(&row["ack"]["p50_ms"]),
+            fixed(&row["ack"]["p99_ms"]),
+            load.join(", "),
+            fixed(&approve["p50_ms"]),
+            fixed(&approve["p99_ms"]),
+            sse["streams"],
+            fixed(&sse["kib_per_stream"]),
+            fixed(&sse["delivery_p50_ms"]),
+            fixed(&sse["delivery_p99_ms"]),
+        );
+    }
+    for note in serve["notes"].as_array().into_iter().flatten() {
+        let _ = writeln!(md, "\n{}", note.as_str().unwrap_or(""));
+    }
 }

@@ -51,6 +51,29 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
         "{}",
         results["chat_turn"]
     );
+    // corral serve over loopback, on both stores.
+    assert!(
+        report.contains("## `corral serve` over loopback"),
+        "{report}"
+    );
+    let serve_stores: Vec<&str> = results["serve"]["results"]
+        .as_array()
+        .map(|rows| rows.iter().filter_map(|r| r["store"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        serve_stores,
+        ["embedded", "PostgreSQL"],
+        "{}",
+        results["serve"]
+    );
+    for row in results["serve"]["results"].as_array().into_iter().flatten() {
+        assert!(row["ack"]["samples"].as_u64() > Some(0), "{row}");
+        assert!(row["sse"]["deliveries"].as_u64() > Some(0), "{row}");
+        assert!(
+            row["approve_to_first_event"]["samples"].as_u64() > Some(0),
+            "{row}"
+        );
+    }
     assert!(report.contains("## MCP tool call, per call"), "{report}");
     assert!(report.contains("## The JavaScript host"), "{report}");
     assert_eq!(

@@ -81,7 +81,7 @@ pub use model::{
     RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, SessionOwner,
     SessionPatch, SessionStatus, StoreBackend, Timestamp,
 };
-pub use postgres::{PostgresConfig, PostgresOptions, PostgresStore};
+pub use postgres::{PostgresConfig, PostgresHost, PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 pub use store::Store;
 

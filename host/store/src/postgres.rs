@@ -31,6 +31,7 @@ use crate::model::{
 
 /// The connection settings of `tokio-postgres` (host, port, user, database, timeouts...).
 pub use tokio_postgres::Config as PostgresConfig;
+pub use tokio_postgres::config::Host as PostgresHost;
 
 /// Serializes migrations of replicas starting at the same time (`pg_advisory_xact_lock` key).
 const MIGRATION_LOCK: i64 = 0x636f_7272_616c_0001;
