@@ -31,6 +31,19 @@ const JS_EVAL_FLAG_CORRAL_FENCED_BODY: u32 = 1 << 10;
 /// host's JSON parser stops at a fixed depth (see `wit/sandbox.wit`).
 pub(crate) const MAX_JSON_DEPTH: usize = 100;
 
+/// The most bytes of a script error's `name`, `message` and `stack` the guest hands the host:
+/// the host's own caps (`corral_sandbox::MAX_ERROR_*_BYTES`), applied here first so that a huge
+/// thrown string is never turned into text whole (or copied across the boundary) only to be
+/// cut by the host.
+const MAX_ERROR_NAME_BYTES: usize = 256;
+const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
+const MAX_ERROR_STACK_BYTES: usize = 16 << 10;
+
+/// Source of the helper behind [`capped_text_of`]: a string's length and its first `n` UTF-16
+/// units, through `String.prototype.substring` and `Reflect.apply` as they were before any
+/// script ran (a script may replace both).
+pub(crate) const TEXT_HEAD_SOURCE: &str = "(() => { const substring = String.prototype.substring; const apply = Reflect.apply; return (s, n) => [s.length, s.length > n ? apply(substring, s, [0, n]) : s]; })()";
+
 unsafe extern "C" {
     /// Limits the next `JSON.stringify` to `limit` characters and `max_depth` nested arrays
     /// and objects (0: no limit). The limits are consumed by that call, so stringifications
@@ -120,6 +133,93 @@ fn wtf8_to_text(bytes: &[u8]) -> String {
             }
         }
     }
+    out
+}
+
+/// Cuts `text` to at most `max` bytes (on a character boundary), ending it with `note`.
+fn cut_with_note(mut text: String, max: usize, note: &str) -> String {
+    let mut cut = max.saturating_sub(note.len()).min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(note);
+    text
+}
+
+/// A JavaScript string as text of at most `max` bytes, cut visibly as the host cuts (the
+/// host's `... [truncated: N bytes in all]` when the whole string was turned into text).
+/// A string longer than `max` UTF-16 units is longer than `max` bytes, so only its first `max`
+/// units are turned into text, and the note counts UTF-16 code units: counting its bytes would
+/// mean encoding all of it, which is what the cap avoids.
+fn capped_text_of<'js>(ctx: &Ctx<'js>, string: &quickjs::String<'js>, max: usize) -> String {
+    let head = with_session(|session| session.text_head.clone())
+        .and_then(|helper| helper.restore(ctx).ok())
+        .and_then(|helper| helper.call::<_, Array>((string.clone(), max as u32)).ok())
+        .and_then(|pair| {
+            let units: f64 = pair.get(0).ok()?;
+            let head: quickjs::String = pair.get(1).ok()?;
+            Some((units as u64, head))
+        });
+    let Some((units, head)) = head else {
+        let _ = ctx.catch();
+        return cut_with_note(text_of(string), max, "... [truncated]");
+    };
+    let text = text_of(&head);
+    if units as usize > max {
+        cut_with_note(
+            text,
+            max,
+            &format!("... [truncated: {units} UTF-16 code units in all]"),
+        )
+    } else if text.len() > max {
+        let note = format!("... [truncated: {} bytes in all]", text.len());
+        cut_with_note(text, max, &note)
+    } else {
+        text
+    }
+}
+
+/// JSON text with each `\uD800`-`\uDFFF` escape that is not half of a pair replaced by U+FFFD
+/// itself (`JSON.stringify` escapes lone surrogates; everywhere else they are shown as U+FFFD).
+fn replace_lone_surrogate_escapes(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let escape_at = |i: usize| -> Option<u16> {
+        if bytes.get(i) == Some(&b'\\') && bytes.get(i + 1) == Some(&b'u') {
+            u16::from_str_radix(text.get(i + 2..i + 6)?, 16).ok()
+        } else {
+            None
+        }
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let Some(unit) = escape_at(i) else {
+            // Any other escape (`\\` among them): the backslash and the escaped character.
+            i += 2;
+            continue;
+        };
+        match unit {
+            0xD800..=0xDBFF
+                if escape_at(i + 6).is_some_and(|next| (0xDC00..=0xDFFF).contains(&next)) =>
+            {
+                i += 12;
+            }
+            0xD800..=0xDFFF => {
+                out.push_str(&text[copied..i]);
+                out.push('\u{FFFD}');
+                i += 6;
+                copied = i;
+            }
+            _ => i += 6,
+        }
+    }
+    out.push_str(&text[copied.min(text.len())..]);
     out
 }
 
@@ -658,25 +758,22 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
     let Some(object) = thrown.as_object().filter(|o| o.is_error()) else {
         // `throw "text"` or `throw {..}`: not an Error, so there is no name or stack.
         let message = match thrown.as_string() {
-            Some(text) => Some(text_of(text)),
-            None => ctx
-                .json_stringify(thrown.clone())
-                .ok()
-                .flatten()
-                .map(|s| text_of(&s)),
-        }
-        .unwrap_or_else(|| "a value that is not an Error was thrown".to_string());
+            Some(text) => capped_text_of(ctx, text, MAX_ERROR_MESSAGE_BYTES),
+            None => thrown_value_json(ctx, thrown.clone()),
+        };
         return plain_error("Error", &message);
     };
-    let text = |key: &str| -> Option<String> {
+    let text = |key: &str, max: usize| -> Option<String> {
         object
             .get::<_, Value>(key)
             .ok()
-            .and_then(|v| v.as_string().map(text_of))
+            .and_then(|v| v.as_string().map(|s| capped_text_of(ctx, s, max)))
     };
-    let name = text("name").unwrap_or_else(|| "Error".to_string());
-    let message = text("message").unwrap_or_default();
-    let stack = text("stack").map(|stack| fix_stack(&stack));
+    let name = text("name", MAX_ERROR_NAME_BYTES).unwrap_or_else(|| "Error".to_string());
+    let message = text("message", MAX_ERROR_MESSAGE_BYTES).unwrap_or_default();
+    // `fix_stack` only drops frames and shortens columns, but ends the last line with a
+    // newline: one byte is left for it.
+    let stack = text("stack", MAX_ERROR_STACK_BYTES - 1).map(|stack| fix_stack(&stack));
     let (line, column) = stack
         .as_deref()
         .and_then(first_script_location)
@@ -687,6 +784,42 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
         stack,
         line,
         column,
+    }
+}
+
+/// The message for a thrown value that is not an Error: its JSON text, serialized no further
+/// than the message cap, with lone surrogates as U+FFFD.
+fn thrown_value_json<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> String {
+    // SAFETY: plain setters of the patched QuickJS's globals; wasm is single-threaded.
+    unsafe { JS_CorralSetNextJSONLimit(MAX_ERROR_MESSAGE_BYTES, MAX_JSON_DEPTH as i32) };
+    let text = ctx.json_stringify(thrown);
+    // SAFETY: as above.
+    let hit = unsafe {
+        let hit = JS_CorralTakeJSONLimitHit() != 0;
+        JS_CorralSetNextJSONLimit(0, 0);
+        hit
+    };
+    match text {
+        _ if hit => {
+            let _ = ctx.catch();
+            format!(
+                "a value that is not an Error was thrown... [truncated: the thrown value's JSON text is over {MAX_ERROR_MESSAGE_BYTES} UTF-16 code units]"
+            )
+        }
+        Ok(Some(text)) => {
+            let text = replace_lone_surrogate_escapes(&text_of(&text));
+            if text.len() > MAX_ERROR_MESSAGE_BYTES {
+                let note = format!("... [truncated: {} bytes in all]", text.len());
+                cut_with_note(text, MAX_ERROR_MESSAGE_BYTES, &note)
+            } else {
+                text
+            }
+        }
+        Ok(None) => "a value that is not an Error was thrown".to_string(),
+        Err(_) => {
+            let _ = ctx.catch();
+            "a value that is not an Error was thrown".to_string()
+        }
     }
 }
 

@@ -62,6 +62,9 @@ struct SessionState {
     /// dropping the last reference to a prelude closure would free part of its graph, writing to
     /// (and so copying) pages of the snapshot in every session.
     warm_up: Option<Persistent<Function<'static>>>,
+    /// The helper behind capped error texts (`boundary::TEXT_HEAD_SOURCE`), made before any
+    /// script ran.
+    text_head: Option<Persistent<Function<'static>>>,
     initialized: bool,
     /// The bound capabilities: their ids and the namespaces under `tools`.
     tools: boundary::ToolsTree,
@@ -124,10 +127,19 @@ fn create_runtime() -> Runtime {
         let warm: Function = prelude
             .call((call, log, session, tools_entry, tools_names))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
-        Ok(Persistent::save(&ctx, warm))
+        let text_head: Function = ctx
+            .eval(boundary::TEXT_HEAD_SOURCE)
+            .map_err(|e| boundary::describe_exception(&ctx, e))?;
+        Ok((
+            Persistent::save(&ctx, warm),
+            Persistent::save(&ctx, text_head),
+        ))
     });
     match warm {
-        Ok(warm) => with_session(|session| session.warm_up = Some(warm)),
+        Ok((warm, text_head)) => with_session(|session| {
+            session.warm_up = Some(warm);
+            session.text_head = Some(text_head);
+        }),
         Err(error) => panic!("evaluating the prelude failed: {error}"),
     }
     warm_up(&runtime);
