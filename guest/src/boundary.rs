@@ -31,6 +31,19 @@ const JS_EVAL_FLAG_CORRAL_FENCED_BODY: u32 = 1 << 10;
 /// host's JSON parser stops at a fixed depth (see `wit/sandbox.wit`).
 pub(crate) const MAX_JSON_DEPTH: usize = 100;
 
+/// The most bytes of a script error's `name`, `message` and `stack` the guest hands the host:
+/// the host's own caps (`corral_sandbox::MAX_ERROR_*_BYTES`), applied here first so that a huge
+/// thrown string is never turned into text whole (or copied across the boundary) only to be
+/// cut by the host.
+const MAX_ERROR_NAME_BYTES: usize = 256;
+const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
+const MAX_ERROR_STACK_BYTES: usize = 16 << 10;
+
+/// Source of the helper behind [`capped_text_of`]: a string's length and its first `n` UTF-16
+/// units, through `String.prototype.substring` and `Reflect.apply` as they were before any
+/// script ran (a script may replace both).
+pub(crate) const TEXT_HEAD_SOURCE: &str = "(() => { const substring = String.prototype.substring; const apply = Reflect.apply; return (s, n) => [s.length, s.length > n ? apply(substring, s, [0, n]) : s]; })()";
+
 unsafe extern "C" {
     /// Limits the next `JSON.stringify` to `limit` characters and `max_depth` nested arrays
     /// and objects (0: no limit). The limits are consumed by that call, so stringifications
@@ -120,6 +133,93 @@ fn wtf8_to_text(bytes: &[u8]) -> String {
             }
         }
     }
+    out
+}
+
+/// Cuts `text` to at most `max` bytes (on a character boundary), ending it with `note`.
+fn cut_with_note(mut text: String, max: usize, note: &str) -> String {
+    let mut cut = max.saturating_sub(note.len()).min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(note);
+    text
+}
+
+/// A JavaScript string as text of at most `max` bytes, cut visibly as the host cuts (the
+/// host's `... [truncated: N bytes in all]` when the whole string was turned into text).
+/// A string longer than `max` UTF-16 units is longer than `max` bytes, so only its first `max`
+/// units are turned into text, and the note counts UTF-16 code units: counting its bytes would
+/// mean encoding all of it, which is what the cap avoids.
+fn capped_text_of<'js>(ctx: &Ctx<'js>, string: &quickjs::String<'js>, max: usize) -> String {
+    let head = with_session(|session| session.text_head.clone())
+        .and_then(|helper| helper.restore(ctx).ok())
+        .and_then(|helper| helper.call::<_, Array>((string.clone(), max as u32)).ok())
+        .and_then(|pair| {
+            let units: f64 = pair.get(0).ok()?;
+            let head: quickjs::String = pair.get(1).ok()?;
+            Some((units as u64, head))
+        });
+    let Some((units, head)) = head else {
+        let _ = ctx.catch();
+        return cut_with_note(text_of(string), max, "... [truncated]");
+    };
+    let text = text_of(&head);
+    if units as usize > max {
+        cut_with_note(
+            text,
+            max,
+            &format!("... [truncated: {units} UTF-16 code units in all]"),
+        )
+    } else if text.len() > max {
+        let note = format!("... [truncated: {} bytes in all]", text.len());
+        cut_with_note(text, max, &note)
+    } else {
+        text
+    }
+}
+
+/// JSON text with each `\uD800`-`\uDFFF` escape that is not half of a pair replaced by U+FFFD
+/// itself (`JSON.stringify` escapes lone surrogates; everywhere else they are shown as U+FFFD).
+fn replace_lone_surrogate_escapes(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let escape_at = |i: usize| -> Option<u16> {
+        if bytes.get(i) == Some(&b'\\') && bytes.get(i + 1) == Some(&b'u') {
+            u16::from_str_radix(text.get(i + 2..i + 6)?, 16).ok()
+        } else {
+            None
+        }
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let Some(unit) = escape_at(i) else {
+            // Any other escape (`\\` among them): the backslash and the escaped character.
+            i += 2;
+            continue;
+        };
+        match unit {
+            0xD800..=0xDBFF
+                if escape_at(i + 6).is_some_and(|next| (0xDC00..=0xDFFF).contains(&next)) =>
+            {
+                i += 12;
+            }
+            0xD800..=0xDFFF => {
+                out.push_str(&text[copied..i]);
+                out.push('\u{FFFD}');
+                i += 6;
+                copied = i;
+            }
+            _ => i += 6,
+        }
+    }
+    out.push_str(&text[copied.min(text.len())..]);
     out
 }
 
@@ -276,44 +376,114 @@ pub(crate) fn log_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> 
     )
 }
 
-/// Resolves each binding's JS path (none means the id split on `.`) and rejects bindings that
-/// would collide under `tools`: a path that is a prefix of another, two bindings at one path,
-/// or a canonical id (`tools["a.b"]`) that lands on another binding's path.
-pub(crate) fn resolve_bindings(
-    bindings: Vec<Binding>,
-) -> Result<Vec<(String, Vec<String>)>, String> {
-    use std::collections::HashMap;
-    let mut resolved = Vec::with_capacity(bindings.len());
-    // Every occupied path -> (binding index, whether it is a function or a namespace).
-    let mut occupied: HashMap<Vec<String>, (usize, bool)> = HashMap::new();
-    let mut claim = |path: Vec<String>, index: usize, id: &str| -> Result<(), String> {
-        for end in 1..path.len() {
-            match occupied.get(&path[..end]) {
-                Some((other, true)) => {
+/// What a name under one of `tools`' namespaces is bound to.
+#[derive(Clone, Copy)]
+pub(crate) enum ToolsEntry {
+    /// The function of the binding with this index.
+    Function(u32),
+    /// The namespace node with this index, first claimed by this binding.
+    Namespace { node: u32, first_binding: u32 },
+}
+
+/// The namespaces under `tools` (node 0 is `tools` itself), resolved once at `init` so that the
+/// prelude can build each namespace and function the first time a script reaches it: a
+/// capability the script never touches costs nothing in the realm.
+#[derive(Default)]
+pub(crate) struct ToolsTree {
+    /// Each node's names in binding order (the order enumeration reports them in) and an index
+    /// into them.
+    nodes: Vec<ToolsNode>,
+    /// Each binding's canonical id, by binding index.
+    ids: Vec<String>,
+}
+
+#[derive(Default)]
+struct ToolsNode {
+    names: Vec<(String, ToolsEntry)>,
+    index: std::collections::HashMap<String, usize>,
+}
+
+impl ToolsTree {
+    /// The entry bound at `name` in namespace `node`.
+    pub(crate) fn entry(&self, node: u32, name: &str) -> Option<ToolsEntry> {
+        let node = self.nodes.get(node as usize)?;
+        node.index.get(name).map(|&at| node.names[at].1)
+    }
+
+    /// The names of namespace `node`, in binding order.
+    pub(crate) fn names(&self, node: u32) -> impl Iterator<Item = &str> {
+        self.nodes
+            .get(node as usize)
+            .into_iter()
+            .flat_map(|node| node.names.iter().map(|(name, _)| name.as_str()))
+    }
+
+    /// The canonical id of binding `index`.
+    pub(crate) fn id(&self, index: u32) -> Option<&str> {
+        self.ids.get(index as usize).map(String::as_str)
+    }
+
+    fn insert(&mut self, node: u32, name: &str, entry: ToolsEntry) {
+        let node = &mut self.nodes[node as usize];
+        node.index.insert(name.to_string(), node.names.len());
+        node.names.push((name.to_string(), entry));
+    }
+
+    /// Binds `index` at `path`, creating the namespaces on the way; refuses a path that runs
+    /// through a function or lands on a name another binding holds.
+    fn claim(&mut self, path: &[String], index: u32, id: &str) -> Result<(), String> {
+        let mut node = 0u32;
+        for (depth, part) in path.iter().enumerate() {
+            let last = depth + 1 == path.len();
+            match (self.entry(node, part), last) {
+                (Some(ToolsEntry::Function(other)), false) => {
                     return Err(format!(
                         "capability {id}: its path runs through capability #{other}'s function"
                     ));
                 }
-                Some((_, false)) => {}
-                None => {
-                    occupied.insert(path[..end].to_vec(), (index, false));
+                (Some(ToolsEntry::Namespace { node: next, .. }), false) => node = next,
+                (None, false) => {
+                    let next = self.nodes.len() as u32;
+                    self.nodes.push(ToolsNode::default());
+                    let entry = ToolsEntry::Namespace {
+                        node: next,
+                        first_binding: index,
+                    };
+                    self.insert(node, part, entry);
+                    node = next;
                 }
+                // Only the same function may be bound twice at one place (its id and its path).
+                (Some(ToolsEntry::Function(other)), true) if other == index => {}
+                (Some(ToolsEntry::Function(other)), true)
+                | (
+                    Some(ToolsEntry::Namespace {
+                        first_binding: other,
+                        ..
+                    }),
+                    true,
+                ) => {
+                    return Err(format!(
+                        "capability {id}: {} is already taken by capability #{other}",
+                        path.join(".")
+                    ));
+                }
+                (None, true) => self.insert(node, part, ToolsEntry::Function(index)),
             }
         }
-        match occupied.get(&path) {
-            // Only the same function may be bound twice at one place (its id and its path).
-            Some((other, true)) if *other == index => Ok(()),
-            Some((other, _)) => Err(format!(
-                "capability {id}: {} is already taken by capability #{other}",
-                path.join(".")
-            )),
-            None => {
-                occupied.insert(path, (index, true));
-                Ok(())
-            }
-        }
+        Ok(())
+    }
+}
+
+/// Resolves each binding's JS path (none means the id split on `.`) into the tree under
+/// `tools`, refusing bindings that would collide: a path that is a prefix of another, two
+/// bindings at one path, or a canonical id (`tools["a.b"]`) that lands on another binding's path.
+pub(crate) fn resolve_bindings(bindings: Vec<Binding>) -> Result<ToolsTree, String> {
+    let mut tree = ToolsTree {
+        nodes: vec![ToolsNode::default()],
+        ids: Vec::with_capacity(bindings.len()),
     };
     for (index, binding) in bindings.into_iter().enumerate() {
+        let index = index as u32;
         let path: Vec<String> = match binding.js_path {
             Some(path) => path,
             None => binding.id.split('.').map(str::to_string).collect(),
@@ -324,55 +494,85 @@ pub(crate) fn resolve_bindings(
                 binding.id
             ));
         }
-        claim(path.clone(), index, &binding.id)?;
+        tree.claim(&path, index, &binding.id)?;
         if path.len() != 1 || path[0] != binding.id {
-            claim(vec![binding.id.clone()], index, &binding.id)?;
+            tree.claim(std::slice::from_ref(&binding.id), index, &binding.id)?;
         }
-        resolved.push((binding.id, path));
+        tree.ids.push(binding.id);
     }
-    Ok(resolved)
+    Ok(tree)
 }
 
-pub(crate) fn bindings_to_js<'js>(
+/// A JavaScript string as Rust text, or `None` when it holds a lone surrogate (so it cannot
+/// name anything the host bound).
+fn exact_text_of(string: &quickjs::String<'_>) -> Option<String> {
+    let cstring = string.clone().to_cstring().ok()?;
+    // SAFETY: as in `text_of`.
+    let bytes = unsafe { std::slice::from_raw_parts(cstring.as_ptr().cast::<u8>(), cstring.len()) };
+    std::str::from_utf8(bytes).ok().map(str::to_string)
+}
+
+/// The natives behind the lazily built `tools` (see `prelude.js`):
+/// `toolsEntry(node, name)` is `undefined`, `[0, binding, id]` for a function or `[1, node]`
+/// for a namespace; `toolsNames(node)` lists a namespace's names in binding order.
+pub(crate) fn tools_natives<'js>(
     ctx: &Ctx<'js>,
-    bindings: &[(String, Vec<String>)],
-) -> quickjs::Result<Array<'js>> {
-    let list = Array::new(ctx.clone())?;
-    for (index, (id, js_path)) in bindings.iter().enumerate() {
-        let entry = Array::new(ctx.clone())?;
-        define(&entry, 0u32, id.as_str())?;
-        let path = Array::new(ctx.clone())?;
-        for (i, part) in js_path.iter().enumerate() {
-            define(&path, i as u32, part.as_str())?;
-        }
-        define(&entry, 1u32, path)?;
-        define(&list, index as u32, entry)?;
-    }
-    Ok(list)
+) -> quickjs::Result<(Function<'js>, Function<'js>)> {
+    let entry = Function::new(
+        ctx.clone(),
+        |ctx: Ctx<'js>, node: u32, name: quickjs::String<'js>| -> quickjs::Result<Value<'js>> {
+            let Some(name) = exact_text_of(&name) else {
+                return Ok(Value::new_undefined(ctx));
+            };
+            let found = with_session(|session| {
+                session.tools.entry(node, &name).map(|entry| match entry {
+                    ToolsEntry::Function(index) => {
+                        (0u32, index, session.tools.id(index).map(str::to_string))
+                    }
+                    ToolsEntry::Namespace { node, .. } => (1, node, None),
+                })
+            });
+            let Some((kind, number, id)) = found else {
+                return Ok(Value::new_undefined(ctx));
+            };
+            let entry = Array::new(ctx.clone())?;
+            define(&entry, 0u32, kind)?;
+            define(&entry, 1u32, number)?;
+            if let Some(id) = id {
+                define(&entry, 2u32, id.as_str())?;
+            }
+            Ok(entry.into_value())
+        },
+    )?;
+    let names = Function::new(
+        ctx.clone(),
+        |ctx: Ctx<'js>, node: u32| -> quickjs::Result<Array<'js>> {
+            let list = Array::new(ctx.clone())?;
+            let names: Vec<String> =
+                with_session(|session| session.tools.names(node).map(str::to_string).collect());
+            for (i, name) in names.iter().enumerate() {
+                define(&list, i as u32, name.as_str())?;
+            }
+            Ok(list)
+        },
+    )?;
+    Ok((entry, names))
 }
 
-/// The native behind the lazily built `tools` and `user`: `[bindings, user]`.
+/// The native behind the lazily built `user`.
 pub(crate) fn session_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
     Function::new(
         ctx.clone(),
-        |ctx: Ctx<'js>| -> quickjs::Result<Array<'js>> {
-            let (initialized, bindings, user) = with_session(|session| {
-                (
-                    session.initialized,
-                    session.bindings.clone(),
-                    session.user.clone(),
-                )
-            });
+        |ctx: Ctx<'js>| -> quickjs::Result<Value<'js>> {
+            let (initialized, user) =
+                with_session(|session| (session.initialized, session.user.clone()));
             if !initialized {
                 return Err(Exception::throw_internal(
                     &ctx,
-                    "tools and user were read before session.init",
+                    "user was read before session.init",
                 ));
             }
-            let state = Array::new(ctx.clone())?;
-            define(&state, 0u32, bindings_to_js(&ctx, &bindings)?)?;
-            define(&state, 1u32, user_to_js(&ctx, user.as_ref())?)?;
-            Ok(state)
+            user_to_js(&ctx, user.as_ref())
         },
     )
 }
@@ -409,9 +609,9 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 .position(|p| p.call_id == completion.call_id)?;
             let call = session.pending.swap_remove(position);
             let id = session
-                .bindings
-                .get(call.binding as usize)
-                .map(|(id, _)| id.clone())
+                .tools
+                .id(call.binding)
+                .map(str::to_string)
                 .unwrap_or_default();
             Some((call, id))
         });
@@ -558,25 +758,22 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
     let Some(object) = thrown.as_object().filter(|o| o.is_error()) else {
         // `throw "text"` or `throw {..}`: not an Error, so there is no name or stack.
         let message = match thrown.as_string() {
-            Some(text) => Some(text_of(text)),
-            None => ctx
-                .json_stringify(thrown.clone())
-                .ok()
-                .flatten()
-                .map(|s| text_of(&s)),
-        }
-        .unwrap_or_else(|| "a value that is not an Error was thrown".to_string());
+            Some(text) => capped_text_of(ctx, text, MAX_ERROR_MESSAGE_BYTES),
+            None => thrown_value_json(ctx, thrown.clone()),
+        };
         return plain_error("Error", &message);
     };
-    let text = |key: &str| -> Option<String> {
+    let text = |key: &str, max: usize| -> Option<String> {
         object
             .get::<_, Value>(key)
             .ok()
-            .and_then(|v| v.as_string().map(text_of))
+            .and_then(|v| v.as_string().map(|s| capped_text_of(ctx, s, max)))
     };
-    let name = text("name").unwrap_or_else(|| "Error".to_string());
-    let message = text("message").unwrap_or_default();
-    let stack = text("stack").map(|stack| fix_stack(&stack));
+    let name = text("name", MAX_ERROR_NAME_BYTES).unwrap_or_else(|| "Error".to_string());
+    let message = text("message", MAX_ERROR_MESSAGE_BYTES).unwrap_or_default();
+    // `fix_stack` only drops frames and shortens columns, but ends the last line with a
+    // newline: one byte is left for it.
+    let stack = text("stack", MAX_ERROR_STACK_BYTES - 1).map(|stack| fix_stack(&stack));
     let (line, column) = stack
         .as_deref()
         .and_then(first_script_location)
@@ -587,6 +784,42 @@ fn exception_to_script_error<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> ScriptE
         stack,
         line,
         column,
+    }
+}
+
+/// The message for a thrown value that is not an Error: its JSON text, serialized no further
+/// than the message cap, with lone surrogates as U+FFFD.
+fn thrown_value_json<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> String {
+    // SAFETY: plain setters of the patched QuickJS's globals; wasm is single-threaded.
+    unsafe { JS_CorralSetNextJSONLimit(MAX_ERROR_MESSAGE_BYTES, MAX_JSON_DEPTH as i32) };
+    let text = ctx.json_stringify(thrown);
+    // SAFETY: as above.
+    let hit = unsafe {
+        let hit = JS_CorralTakeJSONLimitHit() != 0;
+        JS_CorralSetNextJSONLimit(0, 0);
+        hit
+    };
+    match text {
+        _ if hit => {
+            let _ = ctx.catch();
+            format!(
+                "a value that is not an Error was thrown... [truncated: the thrown value's JSON text is over {MAX_ERROR_MESSAGE_BYTES} UTF-16 code units]"
+            )
+        }
+        Ok(Some(text)) => {
+            let text = replace_lone_surrogate_escapes(&text_of(&text));
+            if text.len() > MAX_ERROR_MESSAGE_BYTES {
+                let note = format!("... [truncated: {} bytes in all]", text.len());
+                cut_with_note(text, MAX_ERROR_MESSAGE_BYTES, &note)
+            } else {
+                text
+            }
+        }
+        Ok(None) => "a value that is not an Error was thrown".to_string(),
+        Err(_) => {
+            let _ = ctx.catch();
+            "a value that is not an Error was thrown".to_string()
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //! - `wizer-initialize` (a core export used while building, see `host/guest-build`) creates the
 //!   QuickJS runtime and evaluates the prelude, so the snapshot taken afterwards starts every
 //!   session with a warm engine;
-//! - `session.init` binds the capabilities under `tools` and the frozen `user`;
+//! - `session.init` binds the capabilities under `tools` and the frozen `user` (both built
+//!   lazily in the realm: a namespace or function the first time a script reaches it);
 //! - `session.run` evaluates one script as the body of an async function and drives its promise
 //!   until it settles (`done`) or only waits on calls (`waiting`); `session.resume` delivers a
 //!   batch of completions and drives it further. Between the two the guest holds no host stack:
@@ -28,7 +29,7 @@ wit_bindgen::generate!({
 });
 
 use corral::sandbox::host;
-use corral::sandbox::types::Clock;
+use corral::sandbox::types::{Binding, Clock};
 use exports::corral::sandbox::session::{Completion, Guest, RunState, SessionConfig};
 
 /// The QuickJS garbage-collection threshold. javy defaults to `usize::MAX` (never collect);
@@ -61,9 +62,12 @@ struct SessionState {
     /// dropping the last reference to a prelude closure would free part of its graph, writing to
     /// (and so copying) pages of the snapshot in every session.
     warm_up: Option<Persistent<Function<'static>>>,
+    /// The helper behind capped error texts (`boundary::TEXT_HEAD_SOURCE`), made before any
+    /// script ran.
+    text_head: Option<Persistent<Function<'static>>>,
     initialized: bool,
-    /// The bound capabilities, by binding index: id and resolved JS path.
-    bindings: Vec<(String, Vec<String>)>,
+    /// The bound capabilities: their ids and the namespaces under `tools`.
+    tools: boundary::ToolsTree,
     /// The user given to `init`, turned into the frozen `user` on first read.
     user: Option<crate::corral::sandbox::types::User>,
     /// The promise of the script that is waiting on calls, between `run`/`resume` returning
@@ -118,13 +122,24 @@ fn create_runtime() -> Runtime {
         let call = boundary::call_native(&ctx).map_err(|e| e.to_string())?;
         let log = boundary::log_native(&ctx).map_err(|e| e.to_string())?;
         let session = boundary::session_native(&ctx).map_err(|e| e.to_string())?;
+        let (tools_entry, tools_names) =
+            boundary::tools_natives(&ctx).map_err(|e| e.to_string())?;
         let warm: Function = prelude
-            .call((call, log, session))
+            .call((call, log, session, tools_entry, tools_names))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
-        Ok(Persistent::save(&ctx, warm))
+        let text_head: Function = ctx
+            .eval(boundary::TEXT_HEAD_SOURCE)
+            .map_err(|e| boundary::describe_exception(&ctx, e))?;
+        Ok((
+            Persistent::save(&ctx, warm),
+            Persistent::save(&ctx, text_head),
+        ))
     });
     match warm {
-        Ok(warm) => with_session(|session| session.warm_up = Some(warm)),
+        Ok((warm, text_head)) => with_session(|session| {
+            session.warm_up = Some(warm);
+            session.text_head = Some(text_head);
+        }),
         Err(error) => panic!("evaluating the prelude failed: {error}"),
     }
     warm_up(&runtime);
@@ -141,20 +156,24 @@ fn warm_up(runtime: &Runtime) {
             // any session exists.
             "for (const key of Reflect.ownKeys(globalThis)) { if (key !== 'tools' && key !== 'user') void globalThis[key]; }",
         )?;
-        // The binding code, on sample bindings and a user, without defining anything.
+        // The binding code, on sample bindings and a user, without defining anything; the
+        // sample tree is gone again before any session starts.
         if let Some(warm) = with_session(|session| session.warm_up.clone()) {
-            let sample = [
-                ("warm.up.one".to_string(), vec!["warm".into(), "up".into(), "one".into()]),
-                ("warm.two".to_string(), vec!["warm".into(), "two".into()]),
-            ];
+            let sample = ["warm.up.one", "warm.two"].map(|id| Binding {
+                id: id.to_string(),
+                js_path: None,
+            });
+            let tools = boundary::resolve_bindings(Vec::from(sample)).map_err(|_| javy::quickjs::Error::Unknown)?;
+            with_session(|session| session.tools = tools);
             let user = crate::corral::sandbox::types::User {
                 id: "warm-up".into(),
                 email: None,
                 display_name: Some("Warm Up".into()),
             };
-            let bindings = boundary::bindings_to_js(&ctx, &sample)?;
             let user = boundary::user_to_js(&ctx, Some(&user))?;
-            warm.restore(&ctx)?.call::<_, ()>((bindings, user))?;
+            let warmed = warm.restore(&ctx)?.call::<_, ()>((user,));
+            with_session(|session| session.tools = boundary::ToolsTree::default());
+            warmed?;
         }
         // The script's promise settles when the jobs run below; its value is not needed.
         let _promise: Value = boundary::eval_script(
@@ -199,7 +218,7 @@ struct Component;
 
 impl Guest for Component {
     fn init(config: SessionConfig) -> Result<(), String> {
-        let bindings = boundary::resolve_bindings(config.bindings)?;
+        let tools = boundary::resolve_bindings(config.bindings)?;
         with_session(|session| {
             if session.initialized {
                 return Err("session.init was already called for this instance".to_string());
@@ -215,7 +234,7 @@ impl Guest for Component {
                 Clock::Frozen(ms) => session.frozen_ms = ms,
                 Clock::Host => session.host_clock = true,
             }
-            session.bindings = bindings;
+            session.tools = tools;
             session.user = config.user;
             session.max_result_bytes = config.max_result_bytes;
             Ok(())

@@ -1,11 +1,19 @@
 // The realm's prelude, evaluated once while the guest is pre-initialized (before any user code
 // exists). It captures the intrinsics it needs, so scripts that later replace `Object.freeze`,
 // `JSON.stringify` or a prototype method cannot change how `tools`, `user`, `console` and `log`
-// behave, and defines those four globals. `tools` and `user` are built the first time a script
-// reads them, from what `sessionNative()` returns; sessions that never use them pay nothing.
-(function (callNative, logNative, sessionNative) {
+// behave, and defines those four globals. `user` is built the first time a script reads it, from
+// what `sessionNative()` returns; `tools` is built a piece at a time (see `namespace`), so
+// capabilities a script never reaches cost it nothing, however large the catalog.
+(function (callNative, logNative, sessionNative, toolsEntry, toolsNames) {
   "use strict";
-  const { freeze, defineProperty, getPrototypeOf, create, keys } = Object;
+  const { freeze, defineProperty, getPrototypeOf, create, keys, hasOwn } = Object;
+  const ProxyCtor = Proxy;
+  const {
+    defineProperty: reflectDefineProperty, deleteProperty: reflectDeleteProperty,
+    getOwnPropertyDescriptor: reflectGetOwnPropertyDescriptor, isExtensible: reflectIsExtensible,
+    ownKeys: reflectOwnKeys, preventExtensions: reflectPreventExtensions,
+    setPrototypeOf: reflectSetPrototypeOf,
+  } = Reflect;
   const isArray = Array.isArray;
   const stringify = JSON.stringify;
   const toStr = String;
@@ -126,65 +134,134 @@
   define("console", console);
   define("log", log);
 
-  // Builds the `tools` object from the bindings ([[id, [parts...]], ...]); pure, so it can also
-  // be run on sample bindings while the guest is pre-initialized, to warm its code paths.
-  function buildTools(bindings) {
-    const tools = create(null);
-    for (let index = 0; index < bindings.length; index++) {
-      const binding = bindings[index];
-      const id = binding[0];
-      const path = binding[1];
-      const fn = bindCapability(index, id);
-      let node = tools;
-      for (let i = 0; i < path.length - 1; i++) {
-        const part = path[i];
-        if (node[part] === undefined) node[part] = create(null);
-        else if (typeof node[part] !== "object") {
-          throw new ErrorCtor(`capability ${id}: js path collides with another capability at ${part}`);
-        }
-        node = node[part];
+  // `tools` and each namespace under it: a Proxy over a null-prototype target that starts
+  // empty. Reading or testing one name asks the host's tree (`toolsEntry`) for that name alone
+  // and defines it on the target, non-writable and non-configurable, so every later read sees
+  // the same value. Anything that observes the whole object (enumerating it, asking for a
+  // descriptor's neighbours, freezing, extending, deleting, setting, changing its prototype)
+  // first completes the target and freezes it, then answers exactly as a frozen object would.
+  // So `tools` behaves as the deeply frozen object it always was, and costs in proportion to
+  // what the script reaches, not to the catalog. `functions` holds each binding's function by
+  // index, so its JS path and its canonical id give the same function.
+  function namespace(node, functions) {
+    const target = create(null);
+    let complete = false;
+    function materialize(name) {
+      const entry = toolsEntry(node, name);
+      if (entry === undefined) return undefined;
+      let value;
+      if (entry[0] === 0) {
+        const index = entry[1];
+        value = functions[index];
+        if (value === undefined) value = functions[index] = bindCapability(index, entry[2]);
+      } else {
+        value = namespace(entry[1], functions);
       }
-      const last = path[path.length - 1];
-      if (node[last] !== undefined) {
-        throw new ErrorCtor(`capability ${id}: js path collides with another capability`);
-      }
-      node[last] = fn;
-      if (tools[id] === undefined) tools[id] = fn;
-      else if (tools[id] !== fn) {
-        throw new ErrorCtor(`capability ${id}: canonical id collides with a js path`);
-      }
+      defineProperty(target, name, {
+        __proto__: null, value, writable: false, enumerable: true, configurable: false,
+      });
+      return value;
     }
-    return deepFreeze(tools);
+    // The target has no prototype, so `target[name]` reads its own properties only.
+    function lookup(name) {
+      if (typeof name !== "string") return undefined;
+      const value = target[name];
+      return value !== undefined || complete ? value : materialize(name);
+    }
+    function completeTarget() {
+      if (complete) return;
+      const names = toolsNames(node);
+      for (let i = 0; i < names.length; i++) lookup(names[i]);
+      complete = true;
+      freeze(target);
+    }
+    // No prototype: a trap a script puts on `Object.prototype` must not join these.
+    const handler = freeze({
+      __proto__: null,
+      // The path every call takes (`tools.x.y(...)`), so it does not call `lookup`.
+      get(_target, name) {
+        const value = target[name];
+        return value !== undefined || complete || typeof name !== "string" ? value : materialize(name);
+      },
+      has(_target, name) { return lookup(name) !== undefined; },
+      getOwnPropertyDescriptor(_target, name) {
+        lookup(name);
+        return plainDescriptor(reflectGetOwnPropertyDescriptor(target, name));
+      },
+      ownKeys() { completeTarget(); return reflectOwnKeys(target); },
+      defineProperty(_target, name, descriptor) {
+        completeTarget();
+        return reflectDefineProperty(target, name, plainDescriptor(descriptor));
+      },
+      deleteProperty(_target, name) {
+        completeTarget();
+        return reflectDeleteProperty(target, name);
+      },
+      set() { completeTarget(); return false; },
+      isExtensible() { completeTarget(); return reflectIsExtensible(target); },
+      preventExtensions() { completeTarget(); return reflectPreventExtensions(target); },
+      setPrototypeOf(_target, proto) {
+        completeTarget();
+        return reflectSetPrototypeOf(target, proto);
+      },
+    });
+    return new ProxyCtor(target, handler);
+  }
+
+  // A property descriptor that crosses a proxy trap, copied without a prototype: the engine
+  // reads `get` and `set` from descriptors, and would find a script's `Object.prototype.get`.
+  const DESCRIPTOR_FIELDS = freeze(["value", "writable", "get", "set", "enumerable", "configurable"]);
+  function plainDescriptor(descriptor) {
+    if (descriptor === undefined) return undefined;
+    const copy = create(null);
+    for (let i = 0; i < DESCRIPTOR_FIELDS.length; i++) {
+      const field = DESCRIPTOR_FIELDS[i];
+      if (hasOwn(descriptor, field)) copy[field] = descriptor[field];
+    }
+    return copy;
+  }
+
+  function buildTools() {
+    return namespace(0, create(null));
   }
 
   // Read-only globals whose value is computed on first read. Without a setter, assigning to
   // them throws in strict mode (scripts run in strict mode); they cannot be redefined.
-  let session = null;
-  function sessionValue(name) {
-    if (session === null) {
-      const state = sessionNative();
-      const user = state[1];
-      session = freeze({ tools: buildTools(state[0]), user: user === null ? null : deepFreeze(user) });
-    }
-    return session[name];
-  }
+  let toolsValue = null;
+  let userValue;
+  let userRead = false;
   defineProperty(globalThis, "tools", {
     __proto__: null,
-    get: freeze(function tools() { return sessionValue("tools"); }),
+    get: freeze(function tools() {
+      if (toolsValue === null) toolsValue = buildTools();
+      return toolsValue;
+    }),
     enumerable: false,
     configurable: false,
   });
   defineProperty(globalThis, "user", {
     __proto__: null,
-    get: freeze(function user() { return sessionValue("user"); }),
+    get: freeze(function user() {
+      if (!userRead) {
+        const user = sessionNative();
+        userValue = user === null ? null : deepFreeze(user);
+        userRead = true;
+      }
+      return userValue;
+    }),
     enumerable: false,
     configurable: false,
   });
 
-  // For the pre-initialization warm-up only: builds tools and a user from samples, so those
-  // code paths are warm in the snapshot, and defines nothing.
-  return function warmUp(bindings, user) {
-    buildTools(bindings);
+  // For the pre-initialization warm-up only: reaches into a `tools` built on the sample tree
+  // the guest installed for the occasion, and freezes a sample user, so those code paths are
+  // warm in the snapshot; defines nothing.
+  return function warmUp(user) {
+    const tools = buildTools();
+    void tools.warm.up.one;
+    void tools["warm.two"];
+    void ("warm" in tools);
+    void reflectOwnKeys(tools.warm);
     deepFreeze(user);
   };
 })

@@ -149,3 +149,47 @@ async fn fuel_grows_with_work() {
     let large = fuel_of("let s = 0; for (let i = 0; i < 100000; i++) s += i; return s").await;
     assert!(large > small * 50, "small {small}, large {large}");
 }
+
+/// A catalog of `n` capabilities `bulk.c0` .. `bulk.c{n-1}`, all in one namespace (the worst
+/// case for a namespace built whole), answered by `RecordingBackend`.
+fn bulk_catalog(n: usize) -> corral_catalog::Catalog {
+    let capabilities: Vec<serde_json::Value> = (0..n)
+        .map(
+            |i| serde_json::json!({"id": format!("bulk.c{i}"), "input_schema": {"type": "object"}}),
+        )
+        .collect();
+    let text = serde_json::json!({ "capabilities": capabilities }).to_string();
+    match corral_catalog::Catalog::from_json_str(&text) {
+        Ok(catalog) => catalog,
+        Err(error) => panic!("the bulk catalog is invalid: {error}"),
+    }
+}
+
+async fn bulk_fuel(n: usize, script: &str) -> u64 {
+    let backend = Arc::new(corral_tests::RecordingBackend::default());
+    let mut session = session(bulk_catalog(n), backend, SessionLimits::default()).await;
+    let report = session.run(script).await;
+    assert!(
+        report.outcome.is_ok(),
+        "{n}: {script}: {:?}",
+        report.outcome
+    );
+    report.stats.fuel
+}
+
+#[tokio::test]
+async fn binding_cost_does_not_grow_with_the_catalog() {
+    // One capability touched (by JS path and by canonical id) and called, among 10 or 10,000.
+    // When reading `tools` bound everything, this was 782,163 against 434,545,524 fuel (about
+    // 43,000 per capability); now both are about 500,000.
+    let script = "const a = await tools.bulk.c3({n: 1}); const b = await tools['bulk.c3']({n: 2}); return a.seen.n + b.seen.n";
+    let small = bulk_fuel(10, script).await;
+    let large = bulk_fuel(10_000, script).await;
+    eprintln!("binding cost: 10 capabilities {small} fuel, 10,000 capabilities {large} fuel");
+    let drift = (large as f64 - small as f64).abs() / small as f64;
+    assert!(
+        drift < 0.05,
+        "touching 1 of 10,000 capabilities cost {large} fuel, 1 of 10 cost {small} ({:+.1}%)",
+        drift * 100.0
+    );
+}

@@ -368,3 +368,46 @@ async fn a_cancelled_run_discards_the_session() {
         report.outcome
     );
 }
+
+/// The fuel and error of `script`, which must throw.
+async fn thrown(script: &str) -> (u64, corral_sandbox::ScriptError) {
+    let mut session = example_session(SessionLimits::default()).await;
+    let report = session.run(script).await;
+    match report.outcome {
+        Err(ExecError::Script(error)) => (report.stats.fuel, error),
+        other => panic!("{script}: expected a script error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_huge_thrown_message_is_cut_in_the_guest() {
+    // The same 8 MiB string is built either way; only what is thrown differs. Turning the
+    // whole string into text in the guest (and copying it to the host) cost fuel in proportion
+    // to its length; cut in the guest, it costs about what a small message does.
+    let n = 8 << 20;
+    let (small_fuel, _) = thrown(&format!(
+        "const s = 'x'.repeat({n}); throw new Error(s.slice(0, 16))"
+    ))
+    .await;
+    for what in [
+        "new Error(s)",
+        "s",
+        "Object.assign(new Error('m'), {name: s})",
+    ] {
+        let (fuel, error) = thrown(&format!("const s = 'x'.repeat({n}); throw {what}")).await;
+        let text = if what.contains("name") {
+            &error.name
+        } else {
+            &error.message
+        };
+        assert!(
+            text.ends_with(&format!("... [truncated: {n} UTF-16 code units in all]")),
+            "{what}: {}",
+            &text[text.len().saturating_sub(80)..]
+        );
+        assert!(
+            fuel < small_fuel + 1_000_000,
+            "throw {what} of {n} characters cost {fuel} fuel, a 16-character one {small_fuel}"
+        );
+    }
+}

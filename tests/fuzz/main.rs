@@ -13,10 +13,18 @@
 //!   validating arbitrary instances against them never panics.
 //! - `catalog_parser`: mutated and random catalog texts in both formats never panic the parser
 //!   or the renderers.
+//! - `typescript_agrees`: what the rendered TypeScript accepts, judged by [`ts_judge`] (the
+//!   rules of `tsc --strict` on the subset of TypeScript the renderer emits), against what the
+//!   validator accepts, on instances drawn from each schema: for any schema, no instance the
+//!   validator accepts is refused by its type (TypeScript is wider where it cannot say what a
+//!   keyword says); for schemas made only of keywords TypeScript expresses exactly, the two
+//!   accept exactly the same instances.
 //!
 //! By default each target runs a fixed number of cases from fixed seeds (the short run of
 //! `scripts/test`). `CORRAL_FUZZ_SECONDS=N` runs each selected target for N seconds from a
 //! random seed instead (`scripts/fuzz TARGET SECONDS`); `CORRAL_FUZZ_SEED=S` replays one case.
+
+mod ts_judge;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -34,11 +42,12 @@ type Target = fn(&mut Unstructured<'_>, &tokio::runtime::Runtime) -> Result<(), 
 
 fn main() {
     let args = Arguments::from_args();
-    let targets: [(&str, Target, u64); 4] = [
+    let targets: [(&str, Target, u64); 5] = [
         ("json_boundary", json_boundary, 150),
         ("scripts", scripts, 300),
         ("schemas", schemas, 1500),
         ("catalog_parser", catalog_parser, 3000),
+        ("typescript_agrees", typescript_agrees, 1500),
     ];
     let trials = targets
         .into_iter()
@@ -527,6 +536,270 @@ fn catalog_parser(
         if let Ok(catalog) = Catalog::from_any_json_str(&text, namespace) {
             let _ = render_typescript(&catalog);
             let _ = render_prompt(&catalog);
+        }
+    }
+    Ok(())
+}
+
+// ---- rendered TypeScript against the validator ----------------------------------------------
+
+/// Instances that often fit `schema`: built from its keywords (following local `$ref`s), with
+/// a mutation now and then so that near misses are judged too.
+fn draw_instance(
+    u: &mut Unstructured<'_>,
+    schema: &Value,
+    root: &Value,
+    depth: u32,
+) -> DrawResult<Value> {
+    if depth == 0 || u.ratio(1, 10)? {
+        return draw_json(u, depth.min(2));
+    }
+    let Value::Object(object) = schema else {
+        return draw_json(u, 1);
+    };
+    if let Some(Value::String(reference)) = object.get("$ref")
+        && let Some(target) = reference.strip_prefix('#').and_then(|p| root.pointer(p))
+        && u.ratio(3, 4)?
+    {
+        return draw_instance(u, target, root, depth - 1);
+    }
+    if let Some(value) = object.get("const") {
+        return Ok(value.clone());
+    }
+    if let Some(Value::Array(values)) = object.get("enum")
+        && !values.is_empty()
+    {
+        return Ok(u.choose(values)?.clone());
+    }
+    for keyword in ["anyOf", "oneOf", "allOf"] {
+        if let Some(Value::Array(members)) = object.get(keyword)
+            && !members.is_empty()
+            && u.ratio(1, 2)?
+        {
+            let member = u.choose(members)?;
+            return draw_instance(u, member, root, depth - 1);
+        }
+    }
+    let type_name = match object.get("type") {
+        Some(Value::String(name)) => name.clone(),
+        Some(Value::Array(names)) if !names.is_empty() => {
+            u.choose(names)?.as_str().unwrap_or("null").to_string()
+        }
+        _ if object.contains_key("properties") => "object".into(),
+        _ if object.contains_key("items") || object.contains_key("prefixItems") => "array".into(),
+        _ => return draw_json(u, 2),
+    };
+    Ok(match type_name.as_str() {
+        "string" => Value::String(u.arbitrary()?),
+        "integer" => Value::from(u.int_in_range(-10i64..=10)?),
+        "number" => json!(u.int_in_range(-100i64..=100)? as f64 / 4.0),
+        "boolean" => Value::Bool(u.arbitrary()?),
+        "null" => Value::Null,
+        "array" => {
+            let n = u.int_in_range(0..=3)?;
+            let mut items = Vec::new();
+            for i in 0..n {
+                let item_schema = match (object.get("prefixItems"), object.get("items")) {
+                    (Some(Value::Array(prefix)), _) if i < prefix.len() => prefix[i].clone(),
+                    (None, Some(Value::Array(prefix))) if i < prefix.len() => prefix[i].clone(),
+                    (_, Some(items @ (Value::Object(_) | Value::Bool(_)))) => items.clone(),
+                    _ => json!({}),
+                };
+                items.push(draw_instance(u, &item_schema, root, depth - 1)?);
+            }
+            Value::Array(items)
+        }
+        _ => {
+            let mut map = Map::new();
+            if let Some(Value::Object(properties)) = object.get("properties") {
+                for (name, property) in properties {
+                    if u.ratio(3, 4)? {
+                        map.insert(name.clone(), draw_instance(u, property, root, depth - 1)?);
+                    }
+                }
+            }
+            if u.ratio(1, 4)? {
+                let key = u.choose(&["a", "b", "x", "missing", "extra"])?.to_string();
+                map.insert(key, draw_json(u, 1)?);
+            }
+            Value::Object(map)
+        }
+    })
+}
+
+/// Adds the `type` the renderer infers for a schema without one (`object` for object keywords,
+/// `array` for array keywords) to every subschema, so the validator judges what the rendered
+/// type says (the documented exception to "TypeScript is never narrower than the schema").
+fn with_inferred_types(schema: &Value) -> Value {
+    let Value::Object(object) = schema else {
+        return schema.clone();
+    };
+    let mut out = Map::new();
+    for (keyword, value) in object {
+        let value = match (keyword.as_str(), value) {
+            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(map)) => {
+                Value::Object(
+                    map.iter()
+                        .map(|(k, v)| (k.clone(), with_inferred_types(v)))
+                        .collect(),
+                )
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(list)) => {
+                Value::Array(list.iter().map(with_inferred_types).collect())
+            }
+            ("items" | "additionalProperties" | "additionalItems", Value::Object(_)) => {
+                with_inferred_types(value)
+            }
+            _ => value.clone(),
+        };
+        out.insert(keyword.clone(), value);
+    }
+    let has = |k: &str| object.contains_key(k);
+    if !has("type") && !has("const") && !has("enum") {
+        if has("properties") || has("additionalProperties") || has("patternProperties") {
+            out.insert("type".into(), json!("object"));
+        } else if has("items") || has("prefixItems") {
+            out.insert("type".into(), json!("array"));
+        }
+    }
+    Value::Object(out)
+}
+
+/// Schemas made only of keywords TypeScript expresses exactly (object types closed with
+/// `additionalProperties: false`, no `integer`, formats, bounds or patterns, unions of
+/// non-object members only), for which the rendering must accept exactly what the validator
+/// accepts.
+fn draw_exact_schema(u: &mut Unstructured<'_>, depth: u32) -> DrawResult<Value> {
+    let scalar = |u: &mut Unstructured<'_>| -> DrawResult<Value> {
+        Ok(match u.int_in_range(0..=3)? {
+            0 => Value::String(u.choose(&["a", "b", "", "é\"\\"])?.to_string()),
+            1 => Value::from(u.int_in_range(-3i64..=3)?),
+            2 => Value::Bool(u.arbitrary()?),
+            _ => Value::Null,
+        })
+    };
+    let leaf = |u: &mut Unstructured<'_>| -> DrawResult<Value> {
+        Ok(match u.int_in_range(0..=6)? {
+            0 => json!({"type": u.choose(&["string", "number", "boolean", "null"])?}),
+            1 => json!({"type": ["string", "null"]}),
+            2 => json!({"enum": [scalar(u)?, scalar(u)?]}),
+            3 => json!({"const": scalar(u)?}),
+            4 => json!({"anyOf": [{"type": "string"}, {"const": scalar(u)?}]}),
+            5 => json!(u.arbitrary::<bool>()?),
+            _ => json!({}),
+        })
+    };
+    if depth == 0 || u.ratio(1, 3)? {
+        return leaf(u);
+    }
+    if u.ratio(1, 4)? {
+        return Ok(json!({"type": "array", "items": draw_exact_schema(u, depth - 1)?}));
+    }
+    let mut properties = Map::new();
+    let mut required = Vec::new();
+    for _ in 0..u.int_in_range(0..=3)? {
+        let name = u
+            .choose(&["a", "b", "x", "with space", "__proto__"])?
+            .to_string();
+        if u.ratio(1, 2)? && !required.contains(&json!(name)) {
+            required.push(json!(name));
+        }
+        properties.insert(name, draw_exact_schema(u, depth - 1)?);
+    }
+    if u.ratio(1, 6)? {
+        required.push(json!("undeclared"));
+    }
+    Ok(
+        json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false}),
+    )
+}
+
+/// Loads a one-capability catalog and renders it; `None` when either refuses the schema (the
+/// `schemas` target checks that refusals say where).
+fn rendered_input(schema: &Value) -> Result<(Catalog, ts_judge::Declarations), String> {
+    let text = json!({"capabilities": [{"id": "fuzz.target", "input_schema": schema}]}).to_string();
+    let catalog = Catalog::from_json_str(&text).map_err(|e| e.to_string())?;
+    let rendered = render_typescript(&catalog).map_err(|e| e.to_string())?;
+    match ts_judge::Declarations::parse(&rendered) {
+        Ok(declarations) => Ok((catalog, declarations)),
+        Err(error) => panic!("the judge cannot parse this rendering ({error}):\n{rendered}"),
+    }
+}
+
+fn typescript_agrees(
+    u: &mut Unstructured<'_>,
+    _runtime: &tokio::runtime::Runtime,
+) -> Result<(), String> {
+    use ts_judge::Mode;
+    let e = |e: arbitrary::Error| e.to_string();
+    // Any schema: every instance the validator accepts, the rendered type accepts.
+    let mut schema = draw_schema(u, 4).map_err(e)?;
+    if let Value::Object(map) = &mut schema {
+        if u.ratio(3, 4).map_err(e)? {
+            map.insert("type".into(), json!("object"));
+        }
+        if u.ratio(1, 4).map_err(e)? {
+            let property = draw_schema(u, 2).map_err(e)?;
+            map.insert("patternProperties".into(), json!({"^x": property}));
+        }
+        if u.ratio(1, 6).map_err(e)? {
+            map.insert("nullable".into(), json!(true));
+        }
+    }
+    if let Ok((_, declarations)) = rendered_input(&schema) {
+        let judged = with_inferred_types(&schema);
+        let text = json!({"capabilities": [{"id": "fuzz.target", "input_schema": judged}]});
+        if let Ok(catalog) = Catalog::from_json_str(&text.to_string()) {
+            for _ in 0..8 {
+                let instance = draw_instance(u, &schema, &schema, 4).map_err(e)?;
+                let valid = catalog.validate_input(0, &instance).is_ok();
+                let typed = declarations.accepts("FuzzTargetInput", &instance, Mode::Structural)?;
+                // As below: the validator's loose numeric `const` and `enum` are not a finding.
+                if valid
+                    && !typed
+                    && !declarations.accepts(
+                        "FuzzTargetInput",
+                        &instance,
+                        Mode::Structural.like_the_validator(),
+                    )?
+                {
+                    return Err(format!(
+                        "the schema {schema} accepts {instance}, its TypeScript does not:\n{}",
+                        render_typescript(&catalog).unwrap_or_default()
+                    ));
+                }
+            }
+        }
+    }
+    // Schemas TypeScript expresses exactly: both judge every instance alike.
+    let exact = draw_exact_schema(u, 3).map_err(e)?;
+    let exact = match exact {
+        Value::Object(map) if map.get("type") == Some(&json!("object")) => Value::Object(map),
+        other => {
+            json!({"type": "object", "properties": {"v": other}, "required": ["v"], "additionalProperties": false})
+        }
+    };
+    let (catalog, declarations) = rendered_input(&exact)
+        .map_err(|error| format!("an exact schema did not render: {exact}: {error}"))?;
+    for _ in 0..8 {
+        let instance = draw_instance(u, &exact, &exact, 4).map_err(e)?;
+        let valid = catalog.validate_input(0, &instance).is_ok();
+        let typed = declarations.accepts("FuzzTargetInput", &instance, Mode::Literal)?;
+        // jsonschema 0.33 takes a number within f64::EPSILON of a numeric `const` or `enum`
+        // value as equal (`const: 0` accepts 1e-300); TypeScript's literal types do not.
+        let loose = valid
+            && declarations.accepts(
+                "FuzzTargetInput",
+                &instance,
+                Mode::Literal.like_the_validator(),
+            )?;
+        if valid != typed && !loose {
+            return Err(format!(
+                "the schema {exact} {} {instance}, its TypeScript {}:\n{}",
+                if valid { "accepts" } else { "rejects" },
+                if typed { "accepts it" } else { "does not" },
+                render_typescript(&catalog).unwrap_or_default()
+            ));
         }
     }
     Ok(())

@@ -3,6 +3,33 @@
 //! Each capability gets an input type `<Id>Input` (and `<Id>Output` when it declares an output
 //! schema), every local `$ref` target becomes one named type, and `declare const tools` nests a
 //! method per capability under its JS path. Everything is emitted in a stable order.
+//!
+//! What a rendered type accepts, against what the validator ([`crate::Catalog::validate_input`])
+//! accepts (checked by the `typescript_agrees` fuzz target in `tests/fuzz`, which judges JSON
+//! instances against the rendered TypeScript by `tsc --strict`'s rules):
+//!
+//! - **Never narrower.** Every instance the validator accepts is assignable to the rendered
+//!   type, so TypeScript never refuses a call the host would run. Three exceptions, on purpose
+//!   or outside corral: (1) an object schema with declared properties that allows other keys
+//!   without describing them (`additionalProperties` absent, `true` or `{}`) renders without
+//!   an index signature, so `tsc`'s excess-property check flags undeclared keys
+//!   written in an object literal, though the validator accepts them (it steers models to the
+//!   declared keys); (2) a schema without `type` renders as the type its keywords imply
+//!   (`properties` an object, `items` an array), where the validator would also accept the
+//!   other JSON types; (3) the validator (jsonschema 0.33) takes a number within `f64::EPSILON`
+//!   of a numeric `const` or `enum` value as equal to it, which a literal type does not.
+//! - **Wider where TypeScript cannot say it.** `integer` is `number`; string lengths, patterns
+//!   and formats, numeric bounds, item counts beyond a tuple's optional elements,
+//!   `uniqueItems`, `not`, `if`/`then`/`else`, `propertyNames` and dependencies are not
+//!   rendered; `oneOf` is a union (not exclusive); an index signature is the union of the
+//!   declared properties' types and the extra keys' (`additionalProperties`,
+//!   `patternProperties`, and `unknown` when keys no pattern matches are allowed); `nullable`
+//!   adds `null`.
+//! - **Exact otherwise.** For schemas made only of `type` (`string`, `number`, `boolean`,
+//!   `null`, `array`, `object`), `const` and `enum` of scalars, `properties` with `required`
+//!   and `additionalProperties: false`, `items`, `anyOf` of non-object members and boolean
+//!   schemas, the rendered type, checked on an object literal in a call, accepts exactly the
+//!   instances the validator accepts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -739,9 +766,11 @@ impl<'a> SchemaRenderer<'a> {
                 )?);
             }
             // Absent, `true` or `{}`: extra keys are allowed but only worth declaring when
-            // nothing else describes the object.
+            // nothing else describes the object, or when `patternProperties` declare an index
+            // signature: keys no pattern matches may then hold anything, and an index
+            // signature of the patterns' types alone would refuse them.
             _ => {
-                if body.is_empty() && extra_types.is_empty() {
+                if (body.is_empty() && extra_types.is_empty()) || !extra_types.is_empty() {
                     extra_types.push(TsType::Unknown);
                 }
             }

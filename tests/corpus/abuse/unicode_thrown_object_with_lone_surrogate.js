@@ -1,2 +1,2 @@
-// expect: {"ok": false, "error": {"kind": "script_error", "name": "Error", "message": "{\"k\":\"\\ud800\"}"}}
+// expect: {"ok": false, "error": {"kind": "script_error", "name": "Error", "message": "{\"k\":\"\ufffd\"}"}}
 throw {k: '\ud800'}
