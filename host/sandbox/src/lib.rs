@@ -85,7 +85,8 @@ pub use backend::{
     AttachmentRef, Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult,
 };
 pub use engine::{
-    CompiledFrom, GUEST_MAX_MEMORY_BYTES, LoadGuestError, MAX_STACK_BYTES, Sandbox, SandboxConfig,
+    CompiledFrom, FUEL_YIELD_INTERVAL, GUEST_MAX_MEMORY_BYTES, LoadGuestError, MAX_STACK_BYTES,
+    Sandbox, SandboxConfig,
 };
 pub use grants::{ClockGrant, EntropyGrant, Grants};
 pub use limits::{Limit, MAX_TIMEOUT_MS, SessionLimits};

@@ -1,6 +1,6 @@
 //! Every limit a session enforces, in one place, and the machinery that enforces them outside
-//! the guest: fuel (deterministic guest work), the wall-clock deadline (epoch interruption plus a
-//! timer on host waits), the linear-memory cap (a [`wasmtime::ResourceLimiter`]), the stack
+//! the guest: fuel (deterministic guest work), the wall-clock deadline (the clock read at fuel
+//! yields, or epoch interruption without fuel, plus a timer on host waits), the linear-memory cap (a [`wasmtime::ResourceLimiter`]), the stack
 //! (the engine's wasm stack limit), and the counters for calls, result and log sizes.
 
 use std::collections::BTreeMap;
@@ -193,6 +193,28 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         // QuickJS never grows its function table; a guest that tries is misbehaving.
         Ok(desired <= 100_000)
     }
+}
+
+/// Runs guest code until it finishes or `deadline` passes, whichever comes first.
+///
+/// With the deadline enforced by fuel, the guest yields every
+/// [`crate::engine::FUEL_YIELD_INTERVAL`] units of fuel: each yield comes back here as
+/// `Pending`, the clock is read, and past the deadline the guest's future is dropped, which
+/// unwinds its fiber (the session is discarded after a limit, so the interrupted instance is
+/// never entered again). Host functions never wait, so the guest is pending only at yields (or
+/// epoch yields, which this also serves).
+pub(crate) async fn until_deadline<T>(
+    deadline: Instant,
+    guest: impl Future<Output = wasmtime::Result<T>>,
+) -> wasmtime::Result<T> {
+    let mut guest = std::pin::pin!(guest);
+    std::future::poll_fn(|cx| match guest.as_mut().poll(cx) {
+        std::task::Poll::Pending if Instant::now() >= deadline => std::task::Poll::Ready(Err(
+            LimitTrap::error(Limit::Deadline, "the script ran past its deadline"),
+        )),
+        other => other,
+    })
+    .await
 }
 
 /// Wakes running scripts when their deadline passes.

@@ -16,7 +16,7 @@ use crate::bindings::corral::sandbox::types::{
 use crate::calls::{CallEnvironment, CallTable};
 use crate::engine::Sandbox;
 use crate::grants::Grants;
-use crate::limits::{Limit, LimitTrap, MemoryLimiter, SessionLimits};
+use crate::limits::{Limit, LimitTrap, MemoryLimiter, SessionLimits, until_deadline};
 use crate::schedule::{CompletionSchedule, DeliverReady, HeldCall, ScheduleError};
 
 /// Everything a session is created with.
@@ -497,7 +497,14 @@ impl Sandbox {
                 .set_fuel(u64::MAX)
                 .map_err(CreateSessionError::Guest)?;
         }
-        if config.epochs {
+        if config.deadline_by_fuel() {
+            // Every interval the guest yields and the host checks the clock
+            // (`limits::until_deadline`); cannot fail when fuel is enabled.
+            store
+                .fuel_async_yield_interval(Some(crate::engine::FUEL_YIELD_INTERVAL))
+                .map_err(CreateSessionError::Guest)?;
+        }
+        if config.deadline_by_epochs() {
             store.epoch_deadline_callback(|context| {
                 if Instant::now() >= context.data().deadline {
                     Err(LimitTrap::error(
@@ -607,9 +614,9 @@ impl ExecutorSession {
         } else {
             None
         };
-        let _deadline = config.epochs.then(|| {
+        let _deadline = self.sandbox.inner.ticker.as_ref().map(|ticker| {
             self.store.set_epoch_deadline(1);
-            self.sandbox.inner.ticker.register(deadline)
+            ticker.register(deadline)
         });
 
         // If this future is dropped mid-run (the caller was cancelled), the guest stops at an
@@ -701,8 +708,8 @@ impl ExecutorSession {
         fuel_before: Option<u64>,
     ) -> Result<Finished, Stopped> {
         let session = self.guest.corral_sandbox_session();
-        let mut state = session
-            .call_run(&mut self.store, source)
+        let deadline = self.store.data().deadline;
+        let mut state = until_deadline(deadline, session.call_run(&mut self.store, source))
             .await
             .map_err(Stopped::Trap)?;
         let mut wait_index = 0u32;
@@ -753,8 +760,7 @@ impl ExecutorSession {
                 }
             };
             wait_index += 1;
-            state = session
-                .call_resume(&mut self.store, &batch)
+            state = until_deadline(deadline, session.call_resume(&mut self.store, &batch))
                 .await
                 .map_err(Stopped::Trap)?;
         }
