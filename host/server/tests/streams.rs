@@ -201,7 +201,11 @@ async fn a_client_that_does_not_read_never_blocks_the_turn() {
     h.register_agent().await;
     h.session("s1", OPERATOR).await;
     let address = h.base.trim_start_matches("http://").to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&address)
+    // A small receive buffer, so the kernel cannot absorb the stream for the client.
+    let slow = tokio::net::TcpSocket::new_v4().expect("socket");
+    slow.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut socket = slow
+        .connect(address.parse().expect("address"))
         .await
         .expect("connect");
     socket
@@ -219,15 +223,16 @@ async fn a_client_that_does_not_read_never_blocks_the_turn() {
         None,
         None,
     ));
-    // Never read again, while the turn appends a few thousand events.
-    h.message("s1", "k1", "events:3000").await;
+    // Never read again, while the turn appends more events (about 6 MB of frames) than the
+    // server's socket buffer (at most 4 MiB here) and its own buffers hold.
+    h.message("s1", "k1", "events:30000").await;
     let started = Instant::now();
     h.wait_status("s1", "completed").await;
     assert!(started.elapsed() < Duration::from_secs(20));
     // The reader that kept up got every event, in order.
     let cursors = good.await.expect("reader");
     let last = *cursors.last().expect("events");
-    assert!(last > 3000);
+    assert!(last > 30_000);
     assert_eq!(cursors, (1..=last).collect::<Vec<_>>());
     // The slow client was dropped: its stream's producer and buffer are gone, and the metrics
     // say so (only the slow one: the good reader's stream ended with the turn it read).
