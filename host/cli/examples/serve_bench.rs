@@ -18,7 +18,6 @@
 //!
 //! `serve_bench --quick` uses small counts (the suite's smoke run).
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -28,6 +27,10 @@ use anyhow::{Context as _, bail};
 use eventsource_stream::Eventsource as _;
 use futures::StreamExt as _;
 use serde_json::{Value, json};
+
+// The binary's tests' helpers: reading the address a child `corral serve` prints.
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 const TOKEN: &str = "bench-operator-token-0001";
 
@@ -112,19 +115,8 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let base = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(address) = line.strip_prefix("listening on ") {
-                        break address.trim().to_owned();
-                    }
-                }
-                _ => bail!("corral serve exited before listening"),
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
+        let base = common::listening_address(&mut child)
+            .context("corral serve exited before listening")?;
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(512)
             .build()?;

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -128,21 +127,12 @@ impl Server {
             )
             .spawn()
             .expect("corral serve starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let base = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(address) = line.strip_prefix("listening on ") {
-                        break address.trim().to_owned();
-                    }
-                }
-                _ => panic!(
-                    "corral serve exited before listening: {}",
-                    std::fs::read_to_string(stderr).unwrap_or_default()
-                ),
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
+        let base = common::listening_address(&mut child).unwrap_or_else(|| {
+            panic!(
+                "corral serve exited before listening: {}",
+                std::fs::read_to_string(stderr).unwrap_or_default()
+            )
+        });
         Server { child, base }
     }
 

@@ -20,7 +20,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_server::manifest::manifest_hash;
-use corral_server::tenancy::DEFAULT_TENANT;
+use corral_server::tenancy::{DEFAULT_TENANT, session_key};
 use corral_store::{EffectStatus, SqliteStore, Store};
 use serde_json::{Value, json};
 
@@ -166,23 +166,12 @@ fn spawn(engine: Engine, config: &Path, log: &Path, stderr: &Path) -> Server {
         )
         .spawn()
         .expect("spawn corral serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let base = loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(address) = line.strip_prefix("listening on ") {
-                    break address.trim().to_owned();
-                }
-            }
-            _ => panic!(
-                "corral serve exited before listening; see {}",
-                stderr.display()
-            ),
-        }
-    };
-    // Keep draining stdout so the child never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
+    let base = common::listening_address(&mut child).unwrap_or_else(|| {
+        panic!(
+            "corral serve exited before listening; see {}",
+            stderr.display()
+        )
+    });
     Server { child, base }
 }
 
@@ -387,7 +376,7 @@ async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_chec
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(store_path).expect("open the store after the kill"));
     // Sessions are stored under tenant-qualified keys (corral_server::tenancy).
-    let stored = |session: &str| format!("{DEFAULT_TENANT}/{session}");
+    let stored = |session: &str| session_key(DEFAULT_TENANT, session);
     for ((session, key), response) in &ledger.acked {
         let record = store
             .get_command(&stored(session), key)

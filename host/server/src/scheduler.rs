@@ -86,19 +86,11 @@ async fn run_segment(
     let fence = lease.fence();
     let store = Arc::clone(&runtime.store);
     // Whatever was in flight when the previous holder stopped may or may not have happened.
-    match store
-        .mark_in_flight_effects_uncertain(
-            &fence,
-            "the replica running the turn stopped before the effect's outcome was recorded",
-        )
-        .await
-    {
-        Ok(changed) => runtime.metrics.effects("uncertain", changed.len()),
-        Err(error) => {
-            tracing::warn!(%error, session = %fence.session_id, "recovery of in-flight effects failed");
-            let _ = store.release_lease(&fence).await;
-            return;
-        }
+    let stopped = "the replica running the turn stopped before the effect's outcome was recorded";
+    if let Err(error) = in_flight_uncertain(runtime, &fence, stopped).await {
+        tracing::warn!(%error, session = %fence.session_id, "recovery of in-flight effects failed");
+        let _ = store.release_lease(&fence).await;
+        return;
     }
     // Keep the lease while the segment runs; losing it stops the segment. A cancel command
     // taken by another replica (on PostgreSQL) reaches this one through the change feed: the
@@ -155,21 +147,27 @@ async fn run_segment(
     if runtime.shutdown.is_cancelled() {
         // Aborted by the shutdown: what the segment had in flight may or may not happen. Say so
         // now, under the lease, rather than when the next start claims the session.
-        match store
-            .mark_in_flight_effects_uncertain(
-                &fence,
-                "the server shut down before the effect's outcome was recorded",
-            )
-            .await
-        {
-            Ok(changed) => runtime.metrics.effects("uncertain", changed.len()),
-            Err(error) => {
-                tracing::warn!(%error, session = %fence.session_id, "marking in-flight effects at shutdown failed");
-            }
+        let shut_down = "the server shut down before the effect's outcome was recorded";
+        if let Err(error) = in_flight_uncertain(runtime, &fence, shut_down).await {
+            tracing::warn!(%error, session = %fence.session_id, "marking in-flight effects at shutdown failed");
         }
     }
     renewer.abort();
     let _ = store.release_lease(&fence).await;
+}
+
+/// Marks the session's in-flight effects uncertain for `reason`, and counts them.
+async fn in_flight_uncertain(
+    runtime: &Runtime,
+    fence: &corral_store::Fence,
+    reason: &str,
+) -> Result<(), corral_store::StoreError> {
+    let changed = runtime
+        .store
+        .mark_in_flight_effects_uncertain(fence, reason)
+        .await?;
+    runtime.metrics.effects("uncertain", changed.len());
+    Ok(())
 }
 
 fn outcome_name(

@@ -123,14 +123,7 @@ async fn two_replicas_never_run_the_same_turn_and_finish_every_turn() {
     let (b, stop_b) = replica(config, Arc::clone(&watch)).await;
     let client = reqwest::Client::new();
     let manifest = json!({"id": "helper", "model": {"provider": "scripted"}});
-    let (status, body) = call(
-        &client,
-        reqwest::Method::PUT,
-        format!("{a}/v1/agents/helper"),
-        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    let body = register(&client, &a, &manifest).await;
     assert_eq!(body["manifestHash"], manifest_hash(&manifest));
     const SESSIONS: usize = 12;
     const TURNS: usize = 3;
@@ -214,14 +207,7 @@ async fn a_cancel_taken_by_one_replica_stops_the_turn_running_on_the_other() {
     let (b, stop_b) = replica(config, Arc::clone(&watch_b)).await;
     let client = reqwest::Client::new();
     let manifest = json!({"id": "helper", "model": {"provider": "scripted"}});
-    let (status, body) = call(
-        &client,
-        reqwest::Method::PUT,
-        format!("{a}/v1/agents/helper"),
-        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    register(&client, &a, &manifest).await;
     let (status, body) = call(
         &client,
         reqwest::Method::PUT,
@@ -291,6 +277,19 @@ async fn a_cancel_taken_by_one_replica_stops_the_turn_running_on_the_other() {
     assert_eq!(types.last(), Some(&"turn.cancelled"), "{types:?}");
     let _ = stop_a.send(());
     let _ = stop_b.send(());
+}
+
+/// Registers `manifest` as agent `helper` through `base`; the response body.
+async fn register(client: &reqwest::Client, base: &str, manifest: &Value) -> Value {
+    let (status, body) = call(
+        client,
+        reqwest::Method::PUT,
+        format!("{base}/v1/agents/helper"),
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 /// Polls `/ready` until it answers `want`; the last body.

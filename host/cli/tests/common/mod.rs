@@ -3,8 +3,9 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
+use std::process::Child;
 
 use serde_json::Value;
 
@@ -42,4 +43,19 @@ pub fn reply_json(stream: &mut TcpStream, body: &Value) {
         body.len()
     );
     let _ = stream.write_all(response.as_bytes());
+}
+
+/// The address a child `corral serve` prints (`listening on ADDRESS`), read from its piped
+/// stdout, which is then drained on a thread so the child never blocks on it; `None` when the
+/// child ended its output first.
+pub fn listening_address(child: &mut Child) -> Option<String> {
+    let mut lines = BufReader::new(child.stdout.take()?).lines();
+    let address = loop {
+        let line = lines.next()?.ok()?;
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Some(address)
 }
