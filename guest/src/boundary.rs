@@ -376,6 +376,14 @@ pub(crate) fn log_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> 
     )
 }
 
+/// The native `console.*` passes an argument's `JSON.stringify` text through: each lone
+/// surrogate's `\uD800`-style escape becomes U+FFFD, as in results and errors.
+pub(crate) fn shown_json_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
+    Function::new(ctx.clone(), |text: quickjs::String<'js>| -> String {
+        replace_lone_surrogate_escapes(&text_of(&text))
+    })
+}
+
 /// What a name under one of `tools`' namespaces is bound to.
 #[derive(Clone, Copy)]
 pub(crate) enum ToolsEntry {

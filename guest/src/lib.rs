@@ -124,8 +124,9 @@ fn create_runtime() -> Runtime {
         let session = boundary::session_native(&ctx).map_err(|e| e.to_string())?;
         let (tools_entry, tools_names) =
             boundary::tools_natives(&ctx).map_err(|e| e.to_string())?;
+        let shown_json = boundary::shown_json_native(&ctx).map_err(|e| e.to_string())?;
         let warm: Function = prelude
-            .call((call, log, session, tools_entry, tools_names))
+            .call((call, log, session, tools_entry, tools_names, shown_json))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
         let text_head: Function = ctx
             .eval(boundary::TEXT_HEAD_SOURCE)

@@ -4,7 +4,7 @@
 // behave, and defines those four globals. `user` is built the first time a script reads it, from
 // what `sessionNative()` returns; `tools` is built a piece at a time (see `namespace`), so
 // capabilities a script never reaches cost it nothing, however large the catalog.
-(function (callNative, logNative, sessionNative, toolsEntry, toolsNames) {
+(function (callNative, logNative, sessionNative, toolsEntry, toolsNames, shownJson) {
   "use strict";
   const { freeze, defineProperty, getPrototypeOf, create, keys, hasOwn } = Object;
   const ProxyCtor = Proxy;
@@ -44,7 +44,9 @@
     }
     try {
       const text = stringify(value);
-      return text === undefined ? toStr(value) : text;
+      // JSON.stringify writes a lone surrogate as a `\ud800` escape; a log shows U+FFFD, as
+      // results, errors and strings logged on their own do.
+      return text === undefined ? toStr(value) : shownJson(text);
     } catch (_) {
       return toStr(value);
     }
