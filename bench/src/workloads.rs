@@ -62,13 +62,23 @@ pub fn options(limits: SessionLimits) -> SessionOptions {
     }
 }
 
+/// A sandbox on the embedded guest, or on the guest component `$CORRAL_BENCH_GUEST` names (to
+/// compare a guest build, such as one through `wasm-opt`, with the embedded one).
 pub fn sandbox(fuel: bool, epochs: bool) -> anyhow::Result<Sandbox> {
-    Ok(Sandbox::new(SandboxConfig {
+    let config = SandboxConfig {
         fuel,
         epochs,
         max_sessions: 200,
         ..SandboxConfig::default()
-    })?)
+    };
+    Ok(match std::env::var_os("CORRAL_BENCH_GUEST") {
+        Some(path) => {
+            let guest = std::fs::read(&path)
+                .with_context(|| format!("reading CORRAL_BENCH_GUEST={}", path.display()))?;
+            Sandbox::with_guest(config, &guest)?
+        }
+        None => Sandbox::new(config)?,
+    })
 }
 
 fn limits_for_cpu() -> SessionLimits {

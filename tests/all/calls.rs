@@ -230,3 +230,31 @@ async fn an_uncaught_backend_failure_is_a_capability_error() {
         other => panic!("expected a capability error, got {other:?}"),
     }
 }
+
+/// The built-in example catalog defers its schema checks to first use (so `corral exec` of a
+/// script that calls nothing skips the meta-schema); here it gets every check, and its
+/// validators still refuse what they should.
+#[tokio::test]
+async fn the_example_catalog_passes_every_check_and_validates_on_first_call() {
+    let text = corral_sandbox::examples::example_catalog_json().to_string();
+    let checked = corral_catalog::Catalog::from_json_str(&text).expect("the full check");
+    let lazy = corral_sandbox::examples::example_catalog();
+    assert_eq!(checked.len(), lazy.len());
+    for (index, capability) in checked.capabilities().iter().enumerate() {
+        for example in &capability.examples {
+            assert!(
+                lazy.validate_input(index, example).is_ok(),
+                "{}",
+                capability.id
+            );
+        }
+    }
+    let mut session = corral_tests::example_session(SessionLimits::default()).await;
+    let report = session
+        .run("try { await tools.examples.sleep({ms: -1}); } catch (e) { return e.name }")
+        .await;
+    assert_eq!(
+        report.outcome.ok().flatten(),
+        Some(json!("ValidationError"))
+    );
+}

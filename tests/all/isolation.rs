@@ -159,3 +159,53 @@ async fn stacks_show_only_the_users_frames() {
     );
     assert_eq!(error["line"], 2);
 }
+
+/// A slot of the pooling allocator is reused by the next session; since slots keep the pages a
+/// session wrote resident and copy the snapshot back over them (see `engine.rs`), nothing a
+/// session did may show in the next one. Fuel is the sharpest witness: it counts every guest
+/// instruction, so a heap left even slightly different (a free list, an atom, a shape) would
+/// change what the same script costs.
+#[tokio::test]
+async fn a_reused_slot_starts_from_the_snapshot() {
+    let sandbox = corral_tests::sandbox_with(corral_sandbox::SandboxConfig {
+        max_sessions: 1,
+        ..corral_sandbox::SandboxConfig::default()
+    });
+    let probe = "return [typeof globalThis.kept, typeof Array.prototype.kept, \
+                 Object.keys(globalThis).length, JSON.stringify({a: [1, 'two']})]";
+    let mut fuel = Vec::new();
+    let mut first = None;
+    for round in 0..20 {
+        let mut session = sandbox
+            .session(example_options())
+            .await
+            .expect("a session in the only slot");
+        let report = session.run(probe).await;
+        let seen = report.outcome.ok().flatten().expect("the probe's value");
+        assert_eq!(seen[0], json!("undefined"), "round {round}");
+        assert_eq!(seen[1], json!("undefined"), "round {round}");
+        assert_eq!(seen[3], json!("{\"a\":[1,\"two\"]}"), "round {round}");
+        first.get_or_insert_with(|| seen.clone());
+        assert_eq!(Some(&seen), first.as_ref(), "round {round}");
+        fuel.push(report.stats.fuel);
+        // Dirty the slot: globals, an intrinsic's prototype, a few MiB of heap (more than the
+        // slot keeps resident) and a deep stack.
+        let report = session
+            .run(
+                "globalThis.kept = 'x'.repeat(1 << 20) + Math.random(); \
+                 Array.prototype.kept = 1; \
+                 const junk = []; for (let i = 0; i < 20000; i++) junk.push({i, s: 'v' + i}); \
+                 const deep = (n) => n === 0 ? 0 : 1 + deep(n - 1); return deep(500)",
+            )
+            .await;
+        assert_eq!(
+            report.outcome.ok().flatten(),
+            Some(json!(500)),
+            "round {round}"
+        );
+    }
+    assert!(
+        fuel.windows(2).all(|pair| pair[0] == pair[1]),
+        "the probe's fuel differed between reuses of the slot: {fuel:?}"
+    );
+}

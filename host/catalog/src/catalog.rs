@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -25,9 +25,14 @@ pub const MAX_VIOLATION_MESSAGE_CHARS: usize = 240;
 #[derive(Clone)]
 pub struct Catalog {
     capabilities: Vec<Capability>,
-    validators: Vec<Arc<jsonschema::Validator>>,
+    validators: Vec<Arc<InputValidator>>,
     index_by_id: HashMap<String, usize>,
 }
+
+/// A capability's compiled input validator: compiled when the catalog is built, or for a
+/// [`Catalog::built_in_from_json_str`] catalog the first time an input is validated (the error is the schema
+/// check's, as text).
+type InputValidator = OnceLock<Result<jsonschema::Validator, String>>;
 
 impl fmt::Debug for Catalog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -251,6 +256,15 @@ pub enum ValidateInputError {
         /// The index asked for.
         index: usize,
     },
+    /// A [`Catalog::built_in_from_json_str`] capability's schema failed its check on first use (a bug in the
+    /// program that built the catalog in, not the script's).
+    #[error("the input schema of {capability} is unusable: {message}")]
+    UnusableSchema {
+        /// The capability.
+        capability: String,
+        /// Why the schema was refused.
+        message: String,
+    },
 }
 
 impl ValidateInputError {
@@ -258,7 +272,8 @@ impl ValidateInputError {
     pub fn violations(&self) -> &[InputViolation] {
         match self {
             ValidateInputError::Invalid { violations, .. } => violations,
-            ValidateInputError::UnknownCapability { .. } => &[],
+            ValidateInputError::UnknownCapability { .. }
+            | ValidateInputError::UnusableSchema { .. } => &[],
         }
     }
 }
@@ -289,10 +304,31 @@ impl Catalog {
         Catalog::build(capabilities).map_err(|(first, _)| first)
     }
 
+    /// Reads, like [`Catalog::from_json_str`], a catalog built into a program (such as
+    /// `corral exec`'s examples) whose full check ([`Catalog::from_json_str`]) a test of that
+    /// program runs. Ids, JS paths and bindings are checked
+    /// now; each input schema is checked and compiled the first time an input is validated
+    /// against it (a schema that fails then fails that validation with
+    /// [`ValidateInputError::UnusableSchema`]). Checking a schema means validating it against
+    /// the JSON Schema meta-schema, which the first time in a process costs about 20 ms: a
+    /// short-lived program that may never call a capability should not pay it up front.
+    pub fn built_in_from_json_str(text: &str) -> Result<Catalog, LoadCatalogError> {
+        Catalog::build_with(corral_capabilities(&parse_json(text)?)?, false)
+            .map_err(|(first, _)| first)
+    }
+
     /// Checks and compiles, collecting every problem instead of stopping at the first; the
     /// first problem is returned apart so the list is never empty.
     fn build(
         capabilities: Vec<Capability>,
+    ) -> Result<Catalog, (LoadCatalogError, Vec<LoadCatalogError>)> {
+        Catalog::build_with(capabilities, true)
+    }
+
+    /// [`Catalog::build`], with the schemas checked and compiled now (`compile`) or on first use.
+    fn build_with(
+        capabilities: Vec<Capability>,
+        compile: bool,
     ) -> Result<Catalog, (LoadCatalogError, Vec<LoadCatalogError>)> {
         let mut errors = Vec::new();
         let mut index_by_id = HashMap::with_capacity(capabilities.len());
@@ -321,6 +357,10 @@ impl Catalog {
         errors.extend(check_bindings(&capabilities, &bindable));
         let mut validators = Vec::with_capacity(capabilities.len());
         for capability in &capabilities {
+            if !compile {
+                validators.push(Arc::new(OnceLock::new()));
+                continue;
+            }
             match compile_capability(capability) {
                 Ok(validator) => {
                     for (index, example) in capability.examples.iter().enumerate() {
@@ -332,7 +372,7 @@ impl Catalog {
                             });
                         }
                     }
-                    validators.push(Arc::new(validator));
+                    validators.push(Arc::new(OnceLock::from(Ok(validator))));
                 }
                 Err(error) => errors.push(error),
             }
@@ -440,7 +480,15 @@ impl Catalog {
         else {
             return Err(ValidateInputError::UnknownCapability { index });
         };
-        validate_with(validator, &capability.id, input)
+        let validator = validator
+            .get_or_init(|| compile_capability(capability).map_err(|error| error.to_string()));
+        match validator {
+            Ok(validator) => validate_with(validator, &capability.id, input),
+            Err(message) => Err(ValidateInputError::UnusableSchema {
+                capability: capability.id.clone(),
+                message: message.clone(),
+            }),
+        }
     }
 
     /// Validates `input` and only then hands it to `invoke` (the backend call), so a backend
@@ -884,5 +932,44 @@ pub(crate) mod tests {
         assert_eq!(COMPILED_VALIDATORS.with(Cell::get) - before, 2);
         assert!(subset.shares_validators_with(&catalog));
         Ok(())
+    }
+
+    #[test]
+    fn a_built_in_catalog_compiles_each_validator_on_first_use_and_once() {
+        let text = json!({"capabilities": [
+            {"id": "b.one", "input_schema": {"type": "object", "required": ["x"]}},
+            {"id": "b.two", "input_schema": {"type": "object"}},
+            {"id": "b.bad", "input_schema": {"type": "no-such-type"}},
+        ]})
+        .to_string();
+        // The full check refuses the bad schema at load.
+        assert!(matches!(
+            Catalog::from_json_str(&text),
+            Err(LoadCatalogError::InvalidSchema { .. })
+        ));
+        let before = COMPILED_VALIDATORS.with(Cell::get);
+        let catalog = Catalog::built_in_from_json_str(&text).expect("cheap checks pass");
+        assert_eq!(COMPILED_VALIDATORS.with(Cell::get) - before, 0);
+        let subset = catalog.subset(&["b.one"]).expect("subset");
+        for _ in 0..10 {
+            assert!(subset.validate_input(0, &json!({"x": 1})).is_ok());
+            assert!(catalog.validate_input(0, &json!({})).is_err());
+        }
+        // Compiled once, for the subset and its catalog together; b.two not at all.
+        assert_eq!(COMPILED_VALIDATORS.with(Cell::get) - before, 1);
+        match catalog.validate_input(2, &json!({})) {
+            Err(error @ ValidateInputError::UnusableSchema { .. }) => {
+                assert!(error.to_string().contains("b.bad"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Cheap checks still run at load.
+        let duplicate = json!({"capabilities": [
+            {"id": "b.one", "input_schema": {}}, {"id": "b.one", "input_schema": {}}
+        ]});
+        assert!(matches!(
+            Catalog::built_in_from_json_str(&duplicate.to_string()),
+            Err(LoadCatalogError::DuplicateId { .. })
+        ));
     }
 }

@@ -248,13 +248,7 @@ impl Chat {
         args.mcp.init_logging();
         let hub = args.mcp.hub();
         let bound = hub
-            .bind(
-                &servers,
-                catalog
-                    .map(|c| c.capabilities().to_vec())
-                    .unwrap_or_default(),
-                backend,
-            )
+            .bind(&servers, catalog, backend)
             .await
             .map_err(|e| e.to_string())?;
         for error in &bound.errors {

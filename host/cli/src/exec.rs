@@ -264,12 +264,9 @@ async fn bind(prepared: &mut Prepared) -> Result<McpBinding, Usage> {
     if prepared.mcp_servers.is_empty() && (others.is_none() || fallback.is_none()) {
         return Err(Usage("nothing to bind".into()));
     }
-    let capabilities = others
-        .map(|catalog| catalog.capabilities().to_vec())
-        .unwrap_or_default();
     let bound = prepared
         .hub
-        .bind(&prepared.mcp_servers, capabilities, fallback)
+        .bind(&prepared.mcp_servers, others, fallback)
         .await
         .map_err(|e| Usage(e.to_string()))?;
     for error in &bound.errors {
@@ -309,6 +306,7 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, boo
             return Ok((failure("internal_error", &error.to_string()), false));
         }
     };
+    let asked_mb = prepared.limits.memory_bytes >> 20;
     let options = SessionOptions {
         context: InvocationContext {
             session_id: "exec".into(),
@@ -325,7 +323,7 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, boo
         Err(CreateSessionError::MemoryBelowGuestStart { needed_bytes, .. }) => {
             let min_mb = needed_bytes.div_ceil(1 << 20);
             return Err(Usage(format!(
-                "--memory-mb must be between {min_mb} (the guest's initial memory) and {MAX_MEMORY_MB}"
+                "--memory-mb must be between {min_mb} (the guest's initial memory) and {MAX_MEMORY_MB}, not {asked_mb}"
             )));
         }
         Err(CreateSessionError::InvalidOptions(message)) => return Err(Usage(message)),

@@ -483,7 +483,7 @@ fn out_of_range_flags_are_usage_errors_naming_the_range() {
         (&["--memory-mb", "0"], "--memory-mb must be between"),
         (
             &["--memory-mb", "4"],
-            "--memory-mb must be between 5 (the guest's initial memory) and 1024",
+            "--memory-mb must be between 5 (the guest's initial memory) and 1024, not 4",
         ),
         (&["--memory-mb", "5000"], "and 1024"),
         (&["--memory-mb", "18446744073709551615"], "and 1024"),

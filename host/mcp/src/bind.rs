@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use corral_catalog::{Capability, Catalog, Redactor};
+use corral_catalog::{Catalog, Redactor};
 use corral_sandbox::Backend;
 
 use crate::backend::McpBackend;
@@ -59,21 +59,24 @@ pub enum BindMcpError {
 }
 
 impl McpHub {
-    /// Lists the tools of `servers` (starting those not running) and binds them after
-    /// `capabilities`, whose calls keep going to `backend` (with no backend, only MCP tools can
-    /// be called). Without servers, that is the catalog and backend unchanged, an empty
-    /// redactor and an empty fingerprint.
+    /// Lists the tools of `servers` (starting those not running) and binds them after the
+    /// capabilities of `catalog`, whose calls keep going to `backend` (with no backend, only MCP
+    /// tools can be called). Without servers, that is the catalog (as it is, not checked again)
+    /// and backend unchanged, an empty redactor and an empty fingerprint.
     pub async fn bind(
         &self,
         servers: &[McpServerConfig],
-        capabilities: Vec<Capability>,
+        catalog: Option<Catalog>,
         backend: Option<Arc<dyn Backend>>,
     ) -> Result<McpBinding, BindMcpError> {
         if servers.is_empty()
             && let Some(backend) = backend
         {
             return Ok(McpBinding {
-                catalog: Catalog::new(capabilities)?,
+                catalog: match catalog {
+                    Some(catalog) => catalog,
+                    None => Catalog::new(Vec::new())?,
+                },
                 backend,
                 redactor: Redactor::default(),
                 fingerprint: String::new(),
@@ -84,7 +87,9 @@ impl McpHub {
         let redactor = Redactor::new(secrets, Vec::new())
             .map_err(|e| BindMcpError::Redactor(e.to_string()))?;
         let listed = self.catalog(servers).await;
-        let mut all = capabilities;
+        let mut all = catalog
+            .map(|catalog| catalog.capabilities().to_vec())
+            .unwrap_or_default();
         all.extend(listed.capabilities.iter().cloned());
         let catalog = Catalog::new(all)?;
         let mut mcp = McpBackend::new(&listed);

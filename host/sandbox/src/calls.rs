@@ -239,9 +239,15 @@ impl CallTable {
             }
         };
         if let Err(error) = env.catalog.validate_input(binding, &input[0]) {
+            // A built-in catalog's schema that fails its check on first use is the host's
+            // fault, not the input's: the call fails as a capability error.
+            let name = match error {
+                corral_catalog::ValidateInputError::UnusableSchema { .. } => "CapabilityError",
+                _ => "ValidationError",
+            };
             self.push_ready(rejection(
                 call_id,
-                "ValidationError",
+                name,
                 env.redactor.redact_text(&error.to_string()).into_owned(),
                 tool_call_id,
             ));

@@ -16,9 +16,20 @@ use serde_json::{Value, json};
 
 use crate::backend::{Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult};
 
-/// The catalog of the built-in example capabilities.
+/// The catalog of the built-in example capabilities. Its schemas are checked and compiled
+/// when a script first calls each capability (`Catalog::built_in_from_json_str`), so a script
+/// that calls none does not pay for the meta-schema; a test runs the full check.
 pub fn example_catalog() -> Catalog {
-    let catalog = json!({"capabilities": [
+    match Catalog::built_in_from_json_str(&example_catalog_json().to_string()) {
+        Ok(catalog) => catalog,
+        // The catalog below is a constant; a test checks it loads with every check.
+        Err(error) => panic!("the built-in example catalog is invalid: {error}"),
+    }
+}
+
+/// The example catalog in corral's catalog format.
+pub fn example_catalog_json() -> Value {
+    json!({"capabilities": [
         {
             "id": "examples.echo",
             "description": "Returns its input unchanged.",
@@ -62,12 +73,7 @@ pub fn example_catalog() -> Catalog {
                 "additionalProperties": false
             }
         }
-    ]});
-    match Catalog::from_json_str(&catalog.to_string()) {
-        Ok(catalog) => catalog,
-        // The catalog above is a constant; a test checks it loads.
-        Err(error) => panic!("the built-in example catalog is invalid: {error}"),
-    }
+    ]})
 }
 
 /// Runs the example capabilities.

@@ -227,7 +227,7 @@ impl TurnRunner for ChatTurnRunner {
             .mcp
             .bind(
                 &manifest.mcp_servers,
-                catalog.capabilities().to_vec(),
+                Some(catalog),
                 Some(Arc::new(backend)),
             )
             .await
