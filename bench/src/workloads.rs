@@ -223,9 +223,9 @@ pub async fn fib27(plan: Plan) -> anyhow::Result<Vec<Measurement>> {
             }
         }
         let note = match (fuel, epochs) {
-            (true, true) => "fuel + epochs (the default)",
+            (true, true) => "fuel, deadline checked at fuel yields (the default)",
             (true, false) => "fuel only",
-            (false, true) => "epochs only",
+            (false, true) => "epochs only (the deadline without fuel)",
             (false, false) => "neither fuel nor epochs",
         };
         out.push(summarize(peer, "fib27", "ms", samples, note));
