@@ -30,8 +30,8 @@ pub struct Catalog {
 }
 
 /// A capability's compiled input validator: compiled when the catalog is built, or for a
-/// [`Catalog::built_in_from_json_str`] catalog the first time an input is validated (the error is the schema
-/// check's, as text).
+/// [`Catalog::built_in_from_json_str`] catalog the first time an input is validated (an error
+/// is the schema check's, as text).
 type InputValidator = OnceLock<Result<jsonschema::Validator, String>>;
 
 impl fmt::Debug for Catalog {
@@ -256,8 +256,8 @@ pub enum ValidateInputError {
         /// The index asked for.
         index: usize,
     },
-    /// A [`Catalog::built_in_from_json_str`] capability's schema failed its check on first use (a bug in the
-    /// program that built the catalog in, not the script's).
+    /// A [`Catalog::built_in_from_json_str`] capability's schema failed its check on first use
+    /// (a bug in the program that built the catalog in, not the script's).
     #[error("the input schema of {capability} is unusable: {message}")]
     UnusableSchema {
         /// The capability.
@@ -306,10 +306,9 @@ impl Catalog {
 
     /// Reads, like [`Catalog::from_json_str`], a catalog built into a program (such as
     /// `corral exec`'s examples) whose full check ([`Catalog::from_json_str`]) a test of that
-    /// program runs. Ids, JS paths and bindings are checked
-    /// now; each input schema is checked and compiled the first time an input is validated
-    /// against it (a schema that fails then fails that validation with
-    /// [`ValidateInputError::UnusableSchema`]). Checking a schema means validating it against
+    /// program runs. Ids, JS paths and bindings are checked now; each input schema is checked
+    /// and compiled the first time an input is validated against it (a schema that fails then
+    /// fails that validation with [`ValidateInputError::UnusableSchema`]). Checking a schema means validating it against
     /// the JSON Schema meta-schema, which the first time in a process costs about 20 ms: a
     /// short-lived program that may never call a capability should not pay it up front.
     pub fn built_in_from_json_str(text: &str) -> Result<Catalog, LoadCatalogError> {

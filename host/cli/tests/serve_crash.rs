@@ -110,7 +110,10 @@ fn webhook(log: PathBuf) -> String {
                     .append(true)
                     .open(&log)
                 {
-                    let _ = writeln!(file, "{}", request["tool_call_id"].as_str().unwrap_or("?"));
+                    // One write per line (see `corral_server::script`): concurrent calls
+                    // must not interleave their ids and newlines.
+                    let line = format!("{}\n", request["tool_call_id"].as_str().unwrap_or("?"));
+                    let _ = file.write_all(line.as_bytes());
                     let _ = file.sync_data();
                 }
                 let input = &request["input"][0];

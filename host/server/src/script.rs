@@ -51,7 +51,10 @@ impl ScriptRunner {
                 .append(true)
                 .open(path)
         {
-            let _ = writeln!(file, "{effect_id}");
+            // One write per line: with `O_APPEND` a single write lands whole, while `writeln!`
+            // on a file writes the id and the newline separately, so two sessions logging at
+            // once could interleave them.
+            let _ = file.write_all(format!("{effect_id}\n").as_bytes());
             let _ = file.sync_data();
         }
     }
