@@ -315,7 +315,7 @@ pub async fn deadline_overshoot(plan: Plan, sandbox: &Sandbox) -> anyhow::Result
         "deadline_overshoot",
         "ms",
         samples,
-        "epoch thread wakes at the deadline; overshoot past 100 ms",
+        "the clock is read at each fuel yield; overshoot past 100 ms",
     ))
 }
 

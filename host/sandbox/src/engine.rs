@@ -251,7 +251,11 @@ fn engine_config(config: &SandboxConfig) -> Config {
         // Host functions and the fiber's own frames need room beyond the wasm stack limit.
         .async_stack_size(config.max_stack_bytes + (1 << 20))
         .cranelift_opt_level(OptLevel::Speed)
-        .memory_init_cow(true);
+        .memory_init_cow(true)
+        // No wasm backtrace on traps: reports never show the guest's internal frames, and
+        // symbolizing them made every stopped script (deadline, fuel, memory, stack) pay about
+        // 40 µs after its limit was reached.
+        .wasm_backtrace_max_frames(None);
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(config.max_sessions)
         .total_core_instances(

@@ -829,8 +829,8 @@ fn classify_trap(error: &wasmtime::Error, calls_started: u32) -> ExecError {
         Some(wasmtime::Trap::Interrupt) => {
             limit(Limit::Deadline, "the script ran past its deadline".into())
         }
-        // Only the trap's own description: the error's chain carries a wasm backtrace with the
-        // guest's internal symbols, which is no business of a report.
+        // Only the trap's own description: the guest's internal frames are no business of a
+        // report (the engine does not capture them; see `engine_config`).
         Some(trap) => ExecError::GuestTrap(trap.to_string()),
         None => ExecError::Host(error.to_string()),
     }
