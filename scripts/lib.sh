@@ -3,7 +3,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each step is stamped with the script's elapsed time, so a slow phase shows in CI's log.
+say() { printf '\033[1m==> %s\033[0m  [%dm%02ds]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)) >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # Runs a command as root: directly when we are root, through sudo when it works without a
