@@ -28,15 +28,29 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# Builds the guest's core module (target/wasm32-wasip1/release/corral_guest.wasm), installing the
-# toolchain it needs and patching QuickJS first.
-build_guest_core() {
-  local sdk
-  sdk=$("$ROOT/scripts/setup-guest-toolchain")
+# The guest builds in its own cargo target folder: a wasm32 build there does not wait for the
+# lock on the host's folder, so scripts/test can build the guest and the host at once.
+GUEST_TARGET_DIR="$CARGO_TARGET_DIR/guest-cargo"
+
+# Installs what building the guest needs (the wasm target, Debian's clang and wasi-libc) and
+# patches QuickJS; prints the WASI SDK stand-in's path.
+prepare_guest_build() {
+  "$ROOT/scripts/setup-guest-toolchain"
   "$ROOT/scripts/patch-quickjs" >/dev/null
+}
+
+# Builds the guest's core module ($GUEST_TARGET_DIR/wasm32-wasip1/release/corral_guest.wasm)
+# with the SDK at $1 (from prepare_guest_build).
+build_guest_core_with() {
   say "building the guest core module"
   # cargo must run inside guest/ so guest/.cargo/config.toml (target, stack size) applies.
-  (cd "$ROOT/guest" && WASI_SDK="$sdk" cargo build --release --locked --quiet)
+  (cd "$ROOT/guest" && WASI_SDK="$1" CARGO_TARGET_DIR="$GUEST_TARGET_DIR" cargo build --release --locked --quiet)
+}
+
+build_guest_core() {
+  local sdk
+  sdk=$(prepare_guest_build)
+  build_guest_core_with "$sdk"
 }
 
 # Pre-initializes the core module and wraps it as a component at $1, with an already built
@@ -44,7 +58,7 @@ build_guest_core() {
 componentize_guest() {
   say "pre-initializing and componentizing"
   "$CARGO_TARGET_DIR/release/corral-guest-build" build \
-    --core "$CARGO_TARGET_DIR/wasm32-wasip1/release/corral_guest.wasm" --out "$1"
+    --core "$GUEST_TARGET_DIR/wasm32-wasip1/release/corral_guest.wasm" --out "$1"
 }
 
 # Points the host build at target/guest/embedded.wasm, starting as a copy of the prebuilt guest.

@@ -1,7 +1,7 @@
 //! `corral-guest-build`: turns the guest's core module into corral's sandbox component.
 //!
 //! ```text
-//! corral-guest-build build --core target/wasm32-wasip1/release/corral_guest.wasm --out guest.wasm
+//! corral-guest-build build --core target/guest-cargo/wasm32-wasip1/release/corral_guest.wasm --out guest.wasm
 //! corral-guest-build check --component guest.wasm --wit wit
 //! ```
 //!
