@@ -63,8 +63,10 @@ componentize_guest() {
 
 # Points the host build at target/guest/embedded.wasm, starting as a copy of the prebuilt guest.
 # scripts/run and scripts/test embed the guest from this one path (copied only when its content
-# changes) and build the whole workspace, so cargo resolves the same features every time and
-# neither command recompiles what the other built.
+# changes) and build the whole workspace, so the guest never makes either rebuild. (Their
+# feature sets still differ: scripts/test builds every target, dev-dependencies included, and
+# on a fresh clone the first scripts/run after it recompiles part of the tree, wasmtime among
+# it, once.)
 stage_embedded_guest() {
   EMBEDDED_GUEST="$CARGO_TARGET_DIR/guest/embedded.wasm"
   mkdir -p "$(dirname "$EMBEDDED_GUEST")"
