@@ -63,14 +63,46 @@ componentize_guest() {
 
 # Points the host build at target/guest/embedded.wasm, starting as a copy of the prebuilt guest.
 # scripts/run and scripts/test embed the guest from this one path (copied only when its content
-# changes) and build the whole workspace, so the guest never makes either rebuild. (Their
-# feature sets still differ: scripts/test builds every target, dev-dependencies included, and
-# on a fresh clone the first scripts/run after it recompiles part of the tree, wasmtime among
-# it, once.)
+# changes) and build the whole workspace, so the guest never makes either rebuild. The host's
+# dev-dependencies must not turn on features the binaries' dependencies leave off: scripts/test
+# builds every target and scripts/run only the binaries, and one extra feature on a crate low in
+# the tree (an unused `tracing-subscriber` with default features once enabled `log/std`) gives
+# wasmtime and everything above it a second build. check_feature_sets (run by scripts/test's
+# lint) compares the two builds' unit graphs.
 stage_embedded_guest() {
   EMBEDDED_GUEST="$CARGO_TARGET_DIR/guest/embedded.wasm"
   mkdir -p "$(dirname "$EMBEDDED_GUEST")"
   cmp -s "$ROOT/guest/dist/corral-guest.wasm" "$EMBEDDED_GUEST" \
     || cp "$ROOT/guest/dist/corral-guest.wasm" "$EMBEDDED_GUEST"
   export CORRAL_GUEST_WASM="$EMBEDDED_GUEST"
+}
+
+# Fails when a dependency of the binaries would be built with other features by scripts/test's
+# all-targets build than by scripts/run's bins-only one (see stage_embedded_guest). Cargo prints
+# its unit graph only on the nightly channel; RUSTC_BOOTSTRAP=1 lets stable cargo do it.
+check_feature_sets() {
+  local graphs="$CARGO_TARGET_DIR/test-logs"
+  mkdir -p "$graphs"
+  for targets in bins all-targets; do
+    RUSTC_BOOTSTRAP=1 cargo build --release --locked --workspace "--$targets" \
+      --unit-graph -Z unstable-options > "$graphs/units-$targets.json"
+  done
+  node - "$graphs/units-bins.json" "$graphs/units-all-targets.json" <<'JS'
+const fs = require("fs");
+const features = (path) => {
+  const units = new Map();
+  for (const u of JSON.parse(fs.readFileSync(path, "utf8")).units) {
+    const key = `${u.pkg_id} ${u.target.name} ${u.mode} ${u.platform ?? ""}`;
+    units.set(key, [...(units.get(key) ?? []), u.features.join(",")].sort());
+  }
+  return units;
+};
+const [bins, all] = process.argv.slice(2).map(features);
+const differ = [...bins].filter(([k, v]) => all.has(k) && String(all.get(k)) !== String(v));
+for (const [k, v] of differ) console.error(`${k}\n  binaries: ${v.join(" | ")}\n  tests:    ${all.get(k).join(" | ")}`);
+if (differ.length) {
+  console.error("a dev-dependency enables features the binaries' build leaves off: scripts/run would rebuild them");
+  process.exit(1);
+}
+JS
 }
