@@ -324,31 +324,108 @@ async fn the_largest_stack_still_ends_in_a_stack_overflow() {
 
 #[tokio::test]
 async fn sessions_beyond_the_pool_are_refused_until_one_closes() {
-    let sandbox = sandbox_with(SandboxConfig {
-        max_sessions: 2,
+    // With the pool, wasmtime refuses a third slot; without it, the sandbox's own count does.
+    for pool in [true, false] {
+        let sandbox = sandbox_with(SandboxConfig {
+            max_sessions: 2,
+            pool,
+            ..SandboxConfig::default()
+        });
+        let first = sandbox
+            .session(example_options())
+            .await
+            .expect("first session");
+        let _second = sandbox
+            .session(example_options())
+            .await
+            .expect("second session");
+        let third = sandbox.session(example_options()).await;
+        assert!(
+            matches!(third, Err(corral_sandbox::CreateSessionError::Capacity(_))),
+            "pool {pool}: {third:?}"
+        );
+        first.close();
+        let mut again = sandbox
+            .session(example_options())
+            .await
+            .expect("a slot was freed");
+        assert_eq!(
+            again.run("return 5").await.outcome.ok().flatten(),
+            Some(serde_json::json!(5)),
+            "pool {pool}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_without_a_pool_keeps_every_limit_and_costs_the_same_fuel() {
+    let unpooled = sandbox_with(SandboxConfig {
+        max_sessions: 4,
+        pool: false,
         ..SandboxConfig::default()
     });
-    let first = sandbox
-        .session(example_options())
+    let run = |limits: SessionLimits, script: &'static str| {
+        let unpooled = unpooled.clone();
+        async move {
+            let options = corral_sandbox::SessionOptions {
+                limits,
+                ..example_options()
+            };
+            let mut session = unpooled.session(options).await.expect("a session");
+            session.run(script).await
+        }
+    };
+    let limit_of = |report: corral_sandbox::ScriptReport| match report.outcome {
+        Err(ExecError::LimitExceeded { limit, .. }) => limit,
+        other => panic!("expected a limit, got {other:?}"),
+    };
+
+    let reference = "globalThis.seen = (globalThis.seen ?? 0) + 1; \
+        function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2) } return [fib(18), seen]";
+    let pooled = example_session(SessionLimits::default())
         .await
-        .expect("first session");
-    let _second = sandbox
-        .session(example_options())
-        .await
-        .expect("second session");
-    let third = sandbox.session(example_options()).await;
-    assert!(
-        matches!(third, Err(corral_sandbox::CreateSessionError::Capacity(_))),
-        "{third:?}"
-    );
-    first.close();
-    let mut again = sandbox
-        .session(example_options())
-        .await
-        .expect("a slot was freed");
+        .run(reference)
+        .await;
+    for _ in 0..2 {
+        // Each session starts from the snapshot (`seen` is 1 again) and costs the same fuel.
+        let report = run(SessionLimits::default(), reference).await;
+        assert_eq!(
+            report.outcome.ok().flatten(),
+            Some(serde_json::json!([2584, 1]))
+        );
+        assert_eq!(report.stats.fuel, pooled.stats.fuel);
+    }
+
+    let memory = SessionLimits {
+        memory_bytes: 24 << 20,
+        ..SessionLimits::default()
+    };
+    let bomb = run(
+        memory,
+        "const hoard = []; while (true) hoard.push('x'.repeat(65536) + hoard.length);",
+    )
+    .await;
+    assert!(bomb.stats.peak_memory_bytes <= 24 << 20);
+    assert_eq!(limit_of(bomb), Limit::Memory);
+
+    let recursion = "function down(n) { return down(n + 1) + 1 } return down(0)";
     assert_eq!(
-        again.run("return 5").await.outcome.ok().flatten(),
-        Some(serde_json::json!(5))
+        limit_of(run(SessionLimits::default(), recursion).await),
+        Limit::Stack
+    );
+    let fuel = SessionLimits {
+        fuel: 10_000_000,
+        ..SessionLimits::default()
+    };
+    assert_eq!(limit_of(run(fuel, "while (true) {}").await), Limit::Fuel);
+    let deadline = SessionLimits {
+        fuel: u64::MAX / 2,
+        timeout_ms: 100,
+        ..SessionLimits::default()
+    };
+    assert_eq!(
+        limit_of(run(deadline, "for (;;) {}").await),
+        Limit::Deadline
     );
 }
 

@@ -292,8 +292,9 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, boo
         Err(message) => return Ok((failure("invalid_input", &message), false)),
     };
     let config = SandboxConfig {
-        // One session lives in this process; a small pool starts faster.
-        max_sessions: 2,
+        // One session lives in this process: reserving slots for more would only delay it.
+        max_sessions: 1,
+        pool: false,
         max_memory_bytes: prepared
             .limits
             .memory_bytes

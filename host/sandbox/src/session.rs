@@ -424,6 +424,9 @@ pub struct ExecutorSession {
     scripts_run: u32,
     /// Set once a limit or trap ended a script; later runs are refused.
     discarded: Option<String>,
+    /// This session's place in the count of a sandbox without a pool (after `store`, so it is
+    /// given back once the guest's memory is gone).
+    _count: Option<crate::engine::SessionCount>,
 }
 
 impl std::fmt::Debug for ExecutorSession {
@@ -447,6 +450,17 @@ impl Sandbox {
         limits
             .check(config.max_memory_bytes)
             .map_err(CreateSessionError::InvalidOptions)?;
+        let count = match &self.inner.unpooled_sessions {
+            None => None,
+            Some(alive) => Some(
+                crate::engine::SessionCount::take(alive, config.max_sessions).ok_or_else(|| {
+                    CreateSessionError::Capacity(wasmtime::Error::msg(format!(
+                        "all {} sessions of this sandbox are in use",
+                        config.max_sessions
+                    )))
+                })?,
+            ),
+        };
         let bindings: Vec<Binding> = options
             .catalog
             .capabilities()
@@ -545,6 +559,7 @@ impl Sandbox {
             sandbox: self.clone(),
             scripts_run: 0,
             discarded: None,
+            _count: count,
         })
     }
 }
