@@ -7,5 +7,8 @@
 //! host should keep.)
 
 fn main() {
+    // Without this, cargo reruns the script, and rebuilds the binary, whenever any file of the
+    // package changes (a test included).
+    println!("cargo::rerun-if-changed=build.rs");
     println!("cargo:rustc-link-arg-bin=corral=-Wl,-z,pack-relative-relocs");
 }
