@@ -1,6 +1,6 @@
 //! corral's side of every workload, through the same public API a host uses.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -55,10 +55,14 @@ impl Backend for BenchBackend {
     }
 }
 
+/// Options for a session bound to the bench catalog. The catalog is parsed (and its input
+/// validators compiled) once per process and shared by every session, as a host shares its
+/// catalog (the chat runtime does): a session's cost is binding it, not building it.
 pub fn options(limits: SessionLimits) -> SessionOptions {
+    static CATALOG: LazyLock<Arc<Catalog>> = LazyLock::new(|| Arc::new(bench_catalog()));
     SessionOptions {
         limits,
-        ..SessionOptions::new(Arc::new(bench_catalog()), Arc::new(BenchBackend))
+        ..SessionOptions::new(Arc::clone(&CATALOG), Arc::new(BenchBackend))
     }
 }
 
