@@ -224,19 +224,20 @@ async fn agents_are_registered_with_their_hash_and_validated() {
 async fn bodies_over_one_mebibyte_are_refused_with_or_without_a_length() {
     let h = Harness::start().await;
     let length = 1024 * 1024 + 10;
+    // The request line and headers, with the body's framing header last.
+    let head = |framing: String| {
+        format!(
+            "PUT /v1/agents/helper HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {OPERATOR}\r\n\
+             content-type: application/json\r\n{framing}\r\n\r\n"
+        )
+        .into_bytes()
+    };
     // With a length: refused from the header alone, before any of the body is read.
-    let head = format!(
-        "PUT /v1/agents/helper HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {OPERATOR}\r\n\
-         content-type: application/json\r\ncontent-length: {length}\r\n\r\n"
-    );
-    let (status, body) = raw_exchange(&h.base, head.into_bytes()).await;
+    let request = head(format!("content-length: {length}"));
+    let (status, body) = raw_exchange(&h.base, request).await;
     assert_error(status, &body, 413, "payload_too_large");
     // Chunked: no length, the limit applies while reading; the last chunk crosses it.
-    let mut request = format!(
-        "PUT /v1/agents/helper HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {OPERATOR}\r\n\
-         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
-    )
-    .into_bytes();
+    let mut request = head("transfer-encoding: chunked".to_owned());
     let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(length));
     for chunk in big.as_bytes().chunks(64 * 1024) {
         request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
