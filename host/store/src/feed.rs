@@ -3,8 +3,9 @@
 //! A transaction collects [`Notice`]s as the engine writes (every appended event batch, every
 //! action created or made pending again); the backend publishes them once the transaction has
 //! committed, never before and never for a rolled-back one. The embedded store publishes them to
-//! an in-process broadcast; PostgreSQL also sends them with `pg_notify` inside the transaction, so
-//! other replicas' stores (listening on their own connection) publish them too.
+//! an in-process broadcast; PostgreSQL also sends them with `pg_notify`, in a transaction of their
+//! own right after the `COMMIT` (so that commits are not serialized), and other replicas' stores
+//! (listening on their own connection) publish them too.
 
 use tokio::sync::broadcast;
 

@@ -386,6 +386,34 @@ fn notify_payloads(origin: &str, notices: &[Notice]) -> Vec<(&'static str, Strin
     payloads
 }
 
+/// Sends the `pg_notify` calls for a committed transaction's `notices`, in a transaction of their
+/// own, without waiting for its answer (the next borrower's statements queue behind it).
+///
+/// Not inside the data's transaction: PostgreSQL serializes the commits of every transaction that
+/// notified, WAL flush included (`PreCommit_Notify` holds a database-wide lock until the commit
+/// ends), which halved the throughput of 16 sessions stepping at once. Here the data's `COMMIT`
+/// (and its flush) runs under no such lock, and the notifying transaction writes no data and
+/// does not wait for its own commit record to reach the disk (`synchronous_commit` off for it
+/// alone, with `set_config(..., true)`), so it holds the lock for microseconds. Nothing is
+/// announced for a transaction that did not commit, and a notice is no more durable than before:
+/// a replica that dies between its `COMMIT` and this send loses the notices, as it would lose
+/// its local ones.
+async fn announce(client: &deadpool_postgres::ClientWrapper, origin: &str, notices: &[Notice]) {
+    let (channels, payloads): (Vec<&str>, Vec<String>) =
+        notify_payloads(origin, notices).into_iter().unzip();
+    if channels.is_empty() {
+        return;
+    }
+    const ANNOUNCE: &str = "SELECT set_config('synchronous_commit', 'off', true), \
+        pg_notify(channel, payload) FROM unnest($1::text[], $2::text[]) AS n (channel, payload)";
+    // Prepared once per connection; the first poll of `execute` sends the request.
+    if let Ok(statement) = client.prepare_cached(ANNOUNCE).await {
+        let _ = client
+            .execute(&statement, &[&channels, &payloads])
+            .now_or_never();
+    }
+}
+
 /// Publishes a notification of another store (ours were published at commit).
 fn forward(shared: &Shared, channel: &str, payload: &str) {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(payload) else {
@@ -807,22 +835,13 @@ impl<'c> PgTx<'c> {
         in_order(writes, last).await
     }
 
-    /// Sends the remaining writes, the `pg_notify` calls announcing the transaction's notices
-    /// (delivered by the server only if it commits) and `COMMIT` in one flight; returns the
-    /// notices for the local subscribers.
-    async fn commit(mut self, origin: &str) -> Result<Vec<Notice>, StoreError> {
+    /// Sends the remaining writes and `COMMIT` in one flight; returns the notices to announce.
+    async fn commit(mut self) -> Result<Vec<Notice>, StoreError> {
         if matches!(self.pending.as_slice(), [Deferred::Begin]) {
             // Nothing was sent: there is no transaction to commit.
             return Ok(Vec::new());
         }
         let notices = std::mem::take(&mut self.notices);
-        for (channel, payload) in notify_payloads(origin, &notices) {
-            self.defer(
-                "announce a change",
-                "SELECT pg_notify($1, $2)",
-                owned![channel.to_owned(), payload],
-            );
-        }
         let client = self.client;
         self.pipeline(async move {
             client
@@ -1736,10 +1755,11 @@ impl Backend for PostgresStore {
         let (output, notices) = {
             let mut open = PgTx::new(&lent.object);
             let output = work(&mut open).await?;
-            let notices = open.commit(&self.shared.origin).await?;
+            let notices = open.commit().await?;
             (output, notices)
         };
         lent.finished = true;
+        announce(&lent.object, &self.shared.origin, &notices).await;
         self.shared.feed.publish(&notices);
         Ok(output)
     }
