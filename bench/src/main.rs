@@ -114,7 +114,7 @@ fn main() -> anyhow::Result<()> {
     );
     let (mut results, fuel) = runtime.block_on(corral_workloads(plan))?;
     results.push(workloads::process_start(plan)?);
-    results.push(workloads::rss_per_session()?);
+    results.extend(workloads::rss_per_session()?);
 
     let peers = if args.peers {
         eprintln!("corral-bench: peers (node bench/peers/run.mjs)");

@@ -332,6 +332,22 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
         }
         md.push('\n');
     }
+    if let (Some(rss), Some(private)) = (
+        find(&results, "corral", "rss_per_session").and_then(|m| m.p50),
+        find(&results, "corral", "rss_per_session.private").and_then(|m| m.p50),
+    ) {
+        let _ = writeln!(
+            md,
+            "\nOf corral's {} KiB of RSS per live session, {} KiB is private: pages the session \
+             wrote (its heap and stack, its copies of written snapshot pages, the host's state). The \
+             other {} KiB are pages of the guest's snapshot image that the session only read: the \
+             kernel counts them in the RSS of every session that maps them, but keeps each in \
+             memory once.",
+            fmt_value(rss),
+            fmt_value(private),
+            fmt_value((rss - private).max(0.0))
+        );
+    }
 
     let _ = writeln!(md, "\n## Targets\n\n| target | measured | |\n|---|---|---|");
     for (target, measured, met) in targets(&results).into_iter().chain(store_targets(document)) {

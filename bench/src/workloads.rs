@@ -323,8 +323,11 @@ pub async fn deadline_overshoot(plan: Plan, sandbox: &Sandbox) -> anyhow::Result
     ))
 }
 
-/// RSS added per live session with 100 alive (in a fresh child process).
-pub fn rss_per_session() -> anyhow::Result<Measurement> {
+/// RSS added per live session with 100 alive (in a fresh child process), and the private part
+/// of it (`rss_per_session.private`: the pages the sessions wrote, as opposed to the pages of the
+/// guest's snapshot image they only read, which the kernel counts in every mapping's RSS but
+/// keeps in memory once).
+pub fn rss_per_session() -> anyhow::Result<Vec<Measurement>> {
     let exe = std::env::current_exe()?;
     let output = std::process::Command::new(exe)
         .args(["--child", "rss"])
@@ -336,19 +339,26 @@ pub fn rss_per_session() -> anyhow::Result<Measurement> {
         );
     }
     let value: Value = serde_json::from_slice(&output.stdout).context("rss child output")?;
-    let kib = value["kib_per_session"]
-        .as_f64()
-        .context("kib_per_session")?;
-    Ok(summarize(
-        "corral",
-        "rss_per_session",
-        "KiB",
-        vec![kib],
-        "100 live sessions, each ran return 1+1; RSS delta / 100",
-    ))
+    let figure = |key: &str| value[key].as_f64().with_context(|| key.to_owned());
+    Ok(vec![
+        summarize(
+            "corral",
+            "rss_per_session",
+            "KiB",
+            vec![figure("kib_per_session")?],
+            "100 live sessions, each ran return 1+1; RSS delta / 100",
+        ),
+        summarize(
+            "corral",
+            "rss_per_session.private",
+            "KiB",
+            vec![figure("private_kib_per_session")?],
+            "100 live sessions, each ran return 1+1; (RSS - shared) delta / 100",
+        ),
+    ])
 }
 
-/// The child half of [`rss_per_session`]: prints `{"kib_per_session": ...}`.
+/// The child half of [`rss_per_session`]: prints `{"kib_per_session": ..., "private_kib_per_session": ...}`.
 pub async fn rss_child() -> anyhow::Result<()> {
     let sandbox = sandbox(true, true)?;
     // One session first, so the engine, code and first-touch costs are not counted.
@@ -362,22 +372,47 @@ pub async fn rss_child() -> anyhow::Result<()> {
         alive.push(session);
     }
     let after = resident_bytes()?;
-    let kib = (after.saturating_sub(before)) as f64 / 1024.0 / alive.len() as f64;
+    let per_session =
+        |after: u64, before: u64| after.saturating_sub(before) as f64 / 1024.0 / alive.len() as f64;
     println!(
         "{}",
-        json!({"kib_per_session": kib, "before": before, "after": after})
+        json!({
+            "kib_per_session": per_session(after.resident, before.resident),
+            "private_kib_per_session": per_session(after.private(), before.private()),
+            "before": before.resident,
+            "after": after.resident,
+        })
     );
     Ok(())
 }
 
-fn resident_bytes() -> anyhow::Result<u64> {
+/// `/proc/self/statm`'s resident pages and the shared (file and shared-memory backed) part of
+/// them, in bytes.
+struct Resident {
+    resident: u64,
+    shared: u64,
+}
+
+impl Resident {
+    fn private(&self) -> u64 {
+        self.resident.saturating_sub(self.shared)
+    }
+}
+
+fn resident_bytes() -> anyhow::Result<Resident> {
     let statm = std::fs::read_to_string("/proc/self/statm")?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .context("statm has no resident field")?
-        .parse()?;
-    Ok(pages * 4096)
+    let mut fields = statm.split_whitespace().skip(1);
+    let mut next = |name: &str| -> anyhow::Result<u64> {
+        let pages: u64 = fields
+            .next()
+            .with_context(|| format!("statm has no {name} field"))?
+            .parse()?;
+        Ok(pages * 4096)
+    };
+    Ok(Resident {
+        resident: next("resident")?,
+        shared: next("shared")?,
+    })
 }
 
 /// Reference scripts for the fuel table; their fuel is also asserted by `tests/quick.rs`.
@@ -458,7 +493,7 @@ pub async fn only(plan: Plan, workload: &str) -> anyhow::Result<Vec<Measurement>
         "concurrent_calls" => vec![concurrent_calls(plan, &sandbox).await?],
         "deadline_overshoot" => vec![deadline_overshoot(plan, &sandbox).await?],
         "process_start" => vec![process_start(plan)?],
-        "rss_per_session" => vec![rss_per_session()?],
+        "rss_per_session" => rss_per_session()?,
         other => bail!("unknown workload {other}"),
     })
 }
