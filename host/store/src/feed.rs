@@ -4,8 +4,10 @@
 //! action created or made pending again); the backend publishes them once the transaction has
 //! committed, never before and never for a rolled-back one. The embedded store publishes them to
 //! an in-process broadcast; PostgreSQL also sends them with `pg_notify`, in a transaction of their
-//! own right after the `COMMIT` (so that commits are not serialized), and other replicas' stores
-//! (listening on their own connection) publish them too.
+//! own right behind the `COMMIT` (so that commits are not serialized), and other replicas' stores
+//! (listening on their own connection) publish them too. Those are sent before the `COMMIT`'s
+//! answer is known: another replica can get a notice for a commit that failed at its end (one
+//! read after its cursor that finds nothing), but a `COMMIT` is never sent without its notices.
 
 use tokio::sync::broadcast;
 

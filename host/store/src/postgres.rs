@@ -386,33 +386,18 @@ fn notify_payloads(origin: &str, notices: &[Notice]) -> Vec<(&'static str, Strin
     payloads
 }
 
-/// Sends the `pg_notify` calls for a committed transaction's `notices`, in a transaction of their
-/// own, without waiting for its answer (the next borrower's statements queue behind it).
+/// Announces a transaction's notices to the other replicas: one statement whose implicit
+/// transaction calls `pg_notify` for each payload, sent right behind the data's `COMMIT` in the
+/// same flight (see [`PgTx::commit`]).
 ///
 /// Not inside the data's transaction: PostgreSQL serializes the commits of every transaction that
 /// notified, WAL flush included (`PreCommit_Notify` holds a database-wide lock until the commit
-/// ends), which halved the throughput of 16 sessions stepping at once. Here the data's `COMMIT`
-/// (and its flush) runs under no such lock, and the notifying transaction writes no data and
-/// does not wait for its own commit record to reach the disk (`synchronous_commit` off for it
-/// alone, with `set_config(..., true)`), so it holds the lock for microseconds. Nothing is
-/// announced for a transaction that did not commit, and a notice is no more durable than before:
-/// a replica that dies between its `COMMIT` and this send loses the notices, as it would lose
-/// its local ones.
-async fn announce(client: &deadpool_postgres::ClientWrapper, origin: &str, notices: &[Notice]) {
-    let (channels, payloads): (Vec<&str>, Vec<String>) =
-        notify_payloads(origin, notices).into_iter().unzip();
-    if channels.is_empty() {
-        return;
-    }
-    const ANNOUNCE: &str = "SELECT set_config('synchronous_commit', 'off', true), \
-        pg_notify(channel, payload) FROM unnest($1::text[], $2::text[]) AS n (channel, payload)";
-    // Prepared once per connection; the first poll of `execute` sends the request.
-    if let Ok(statement) = client.prepare_cached(ANNOUNCE).await {
-        let _ = client
-            .execute(&statement, &[&channels, &payloads])
-            .now_or_never();
-    }
-}
+/// ends), which halved the throughput of 16 sessions stepping at once. The notifying transaction
+/// writes no data and does not wait for its own commit record to reach the disk
+/// (`synchronous_commit` off for it alone, with `set_config(..., true)`), so it holds the lock
+/// for microseconds.
+const ANNOUNCE: &str = "SELECT set_config('synchronous_commit', 'off', true), \
+    pg_notify(channel, payload) FROM unnest($1::text[], $2::text[]) AS n (channel, payload)";
 
 /// Publishes a notification of another store (ours were published at commit).
 fn forward(shared: &Shared, channel: &str, payload: &str) {
@@ -835,19 +820,44 @@ impl<'c> PgTx<'c> {
         in_order(writes, last).await
     }
 
-    /// Sends the remaining writes and `COMMIT` in one flight; returns the notices to announce.
-    async fn commit(mut self) -> Result<Vec<Notice>, StoreError> {
+    /// Sends the remaining writes, `COMMIT` and the [`ANNOUNCE`] statement for the transaction's
+    /// notices in one flight; returns the notices for the local subscribers.
+    ///
+    /// The announcement is sent before the `COMMIT`'s answer is known, so that a process killed
+    /// after sending its `COMMIT` cannot commit without announcing; its answer is not awaited.
+    /// If the `COMMIT` turns out to have rolled back (a write of the same flight failed), the
+    /// other replicas get notices for events that do not exist, which costs their subscribers a
+    /// read that finds nothing: notices are hints to read after a cursor, and a missed one would
+    /// stall a stream where a spurious one only costs a query.
+    async fn commit(mut self, origin: &str) -> Result<Vec<Notice>, StoreError> {
         if matches!(self.pending.as_slice(), [Deferred::Begin]) {
             // Nothing was sent: there is no transaction to commit.
             return Ok(Vec::new());
         }
         let notices = std::mem::take(&mut self.notices);
+        let (channels, payloads): (Vec<&str>, Vec<String>) =
+            notify_payloads(origin, &notices).into_iter().unzip();
+        let announce = if channels.is_empty() {
+            None
+        } else {
+            // Prepared once per connection.
+            Some(self.prepare("announce a change", ANNOUNCE).await?)
+        };
         let client = self.client;
         self.pipeline(async move {
-            client
-                .batch_execute("COMMIT")
-                .await
-                .map_err(|error| pg_error("commit", error))
+            let mut commit = std::pin::pin!(client.batch_execute("COMMIT"));
+            // The first poll queues the `COMMIT`; the announcement's first poll queues it behind.
+            let first = futures::poll!(commit.as_mut());
+            if let Some(statement) = &announce {
+                let _ = client
+                    .execute(statement, &[&channels, &payloads])
+                    .now_or_never();
+            }
+            match first {
+                Poll::Ready(result) => result,
+                Poll::Pending => commit.await,
+            }
+            .map_err(|error| pg_error("commit", error))
         })
         .await?;
         Ok(notices)
@@ -1755,11 +1765,10 @@ impl Backend for PostgresStore {
         let (output, notices) = {
             let mut open = PgTx::new(&lent.object);
             let output = work(&mut open).await?;
-            let notices = open.commit().await?;
+            let notices = open.commit(&self.shared.origin).await?;
             (output, notices)
         };
         lent.finished = true;
-        announce(&lent.object, &self.shared.origin, &notices).await;
         self.shared.feed.publish(&notices);
         Ok(output)
     }
