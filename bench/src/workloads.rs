@@ -358,7 +358,8 @@ pub fn rss_per_session() -> anyhow::Result<Vec<Measurement>> {
     ])
 }
 
-/// The child half of [`rss_per_session`]: prints `{"kib_per_session": ..., "private_kib_per_session": ...}`.
+/// The child half of [`rss_per_session`]: prints
+/// `{"kib_per_session": ..., "private_kib_per_session": ...}`.
 pub async fn rss_child() -> anyhow::Result<()> {
     let sandbox = sandbox(true, true)?;
     // One session first, so the engine, code and first-touch costs are not counted.
