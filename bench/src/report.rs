@@ -268,6 +268,19 @@ fn store_targets(document: &Value) -> Vec<(String, String, Option<bool>)> {
         "events/s",
         |v| v >= 5000.0,
     );
+    // The same SQL from pgbench in the same run: what the store costs beyond the SQL itself.
+    let peer = document["durable_step"]["peer"]["events_per_s_16_sessions"].as_f64();
+    let ours = postgres
+        .as_ref()
+        .and_then(|r| r["events_per_s_16_sessions"].as_f64());
+    if let (Some(row), Some(peer), Some(ours)) = (out.last_mut(), peer, ours) {
+        row.1 = format!(
+            "{} (×{:.2} of pgbench with the same SQL, {} events/s)",
+            row.1,
+            ours / peer,
+            fmt_value(peer)
+        );
+    }
     out
 }
 
@@ -455,6 +468,21 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
                 row["p99_us"],
                 row["events_per_s_1_session"],
                 row["events_per_s_16_sessions"]
+            );
+        }
+        let peer = &document["durable_step"]["peer"];
+        if let Some(events) = peer["events_per_s_16_sessions"].as_f64() {
+            let _ = writeln!(
+                md,
+                "| peer: {}, the same SQL from 16 clients | – | – | – | {} |\n\n\
+                 The peer sends the store's statements for a step (the locking read, the event, \
+                 the checkpoint supersede and upsert, the session row, `COMMIT`, the \
+                 notification) from C through libpq, pipelined as the store pipelines them, to \
+                 the same server while the store's change listener hears its notifications: the \
+                 ratio between the two is the store's own cost, whatever the machine's speed \
+                 that day.",
+                peer["program"].as_str().unwrap_or("pgbench"),
+                fmt_value(events)
             );
         }
     }

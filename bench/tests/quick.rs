@@ -124,6 +124,14 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
         "the durable step benchmark did not run: {}",
         results["durable_step"]
     );
+    // pgbench comes with the PostgreSQL server the harness starts.
+    assert!(
+        results["durable_step"]["peer"]["events_per_s_16_sessions"]
+            .as_f64()
+            .is_some_and(|events| events > 0.0),
+        "pgbench did not run the store's SQL: {}",
+        results["durable_step"]
+    );
 
     let fuel = results["fuel"].as_array().expect("a fuel table");
     let mut drift = Vec::new();

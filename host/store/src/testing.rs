@@ -213,6 +213,28 @@ impl PgServer {
         })
     }
 
+    /// One of PostgreSQL's client programs (`pgbench`, `psql`): from the folder of the server's
+    /// binaries (or of what they link to), else from `PATH`.
+    pub fn client_program(&self, name: &str) -> Option<PathBuf> {
+        let bin = match &self.local {
+            Some(server) => Some(server.bin.clone()),
+            None => find_binaries(),
+        };
+        let beside = bin.into_iter().flat_map(|bin| {
+            let linked = std::fs::canonicalize(bin.join("initdb"))
+                .ok()
+                .and_then(|initdb| initdb.parent().map(Path::to_path_buf));
+            [Some(bin), linked].into_iter().flatten()
+        });
+        let on_path = std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+            .unwrap_or_default();
+        beside
+            .chain(on_path)
+            .map(|folder| folder.join(name))
+            .find(|program| program.is_file())
+    }
+
     /// Settings for the maintenance database.
     pub fn admin_config(&self) -> PostgresConfig {
         self.admin.clone()
