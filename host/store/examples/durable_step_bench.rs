@@ -252,6 +252,9 @@ async fn pgbench_peer(
         .unwrap_or(5432)
         .to_string();
     let user = config.get_user().unwrap_or("postgres").to_owned();
+    let password = config
+        .get_password()
+        .map(|password| String::from_utf8_lossy(password).into_owned());
     let clients = SESSIONS.to_string();
     let duration = (seconds.ceil() as u64).max(1).to_string();
     let database = database.to_owned();
@@ -259,7 +262,11 @@ async fn pgbench_peer(
         let version = std::process::Command::new(&pgbench)
             .arg("--version")
             .output();
-        let run = std::process::Command::new(&pgbench)
+        let mut command = std::process::Command::new(&pgbench);
+        if let Some(password) = &password {
+            command.env("PGPASSWORD", password);
+        }
+        let run = command
             .args([
                 "-h", &host, "-p", &port, "-U", &user, "-n", "-M", "prepared",
             ])
