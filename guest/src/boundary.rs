@@ -51,6 +51,22 @@ unsafe extern "C" {
     fn JS_CorralSetNextJSONLimit(limit: usize, max_depth: i32);
     /// Whether the last limited `JSON.stringify` stopped at its limit (and forgets it).
     fn JS_CorralTakeJSONLimitHit() -> i32;
+    /// The current call site's frames, unformatted (an array, or undefined while a stack
+    /// trace is being built).
+    fn JS_CorralCaptureSite(ctx: *mut qjs::JSContext) -> qjs::JSValue;
+    /// A new `Error` whose `stack` shows a site from [`JS_CorralCaptureSite`].
+    fn JS_CorralSiteError(ctx: *mut qjs::JSContext, site: qjs::JSValue) -> qjs::JSValue;
+}
+
+/// Takes ownership of a value a QuickJS call returned, or of its pending exception.
+fn owned_value<'js>(ctx: &Ctx<'js>, raw: qjs::JSValue) -> quickjs::Result<Value<'js>> {
+    // SAFETY: `raw` was just returned, owned, by a QuickJS call on this context.
+    let value = unsafe { Value::from_raw(ctx.clone(), raw) };
+    if value.is_exception() {
+        Err(quickjs::Error::Exception)
+    } else {
+        Ok(value)
+    }
 }
 
 /// Evaluates `source` as the body of the async wrapper function and returns the wrapper's
@@ -71,21 +87,16 @@ pub(crate) fn eval_script<'js>(ctx: &Ctx<'js>, source: &str) -> quickjs::Result<
         | JS_EVAL_FLAG_CORRAL_FENCED_BODY;
     // SAFETY: the context is alive for 'js; the input is `len` bytes followed by a NUL, and the
     // file name is a C string literal. `JS_Eval` returns an owned value, which `from_raw` takes.
-    let value = unsafe {
-        let raw = qjs::JS_Eval(
+    let raw = unsafe {
+        qjs::JS_Eval(
             ctx.as_raw().as_ptr(),
             wrapped.as_ptr().cast(),
             len as _,
             c"script.js".as_ptr(),
             flags as i32,
-        );
-        Value::from_raw(ctx.clone(), raw)
+        )
     };
-    if value.is_exception() {
-        Err(quickjs::Error::Exception)
-    } else {
-        Ok(value)
-    }
+    owned_value(ctx, raw)
 }
 
 /// A JavaScript string as Rust text. Lone UTF-16 surrogates (which QuickJS hands out as
@@ -321,9 +332,11 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
             }
             // The positional argument array, without building a JavaScript array for it.
             let args_json = format!("[{input_json}]");
-            // The error a rejection will carry is created now, so its stack points at the
-            // script line that made the call rather than at the host's completion.
-            let site = Exception::from_message(ctx.clone(), "")?;
+            // The frames are kept now, so that a rejection's stack points at the script line
+            // that made the call rather than at the host's completion; the stack text is made
+            // only if the call fails.
+            // SAFETY: the context is alive for 'js.
+            let site = owned_value(&ctx, unsafe { JS_CorralCaptureSite(ctx.as_raw().as_ptr()) })?;
             let (promise, resolve, reject) = ctx.promise()?;
             let call_id = with_session(|session| {
                 let call_id = session.next_call_id;
@@ -333,7 +346,7 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
                     binding,
                     resolve: Persistent::save(&ctx, resolve),
                     reject: Persistent::save(&ctx, reject),
-                    site: Persistent::save(&ctx, site.into_object()),
+                    site: Persistent::save(&ctx, site),
                 });
                 call_id
             });
@@ -630,7 +643,14 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
         };
         let settle = |call: PendingCall| -> quickjs::Result<()> {
             let reject = |name: &str, message: &str, tool_call_id: &str| -> quickjs::Result<()> {
-                let error = call.site.clone().restore(ctx)?;
+                let site = call.site.clone().restore(ctx)?;
+                // SAFETY: the context is alive; `site` is borrowed for the call.
+                let error = owned_value(ctx, unsafe {
+                    JS_CorralSiteError(ctx.as_raw().as_ptr(), site.as_raw())
+                })?;
+                let Some(error) = error.into_object() else {
+                    return Err(quickjs::Error::Exception);
+                };
                 error.set("name", name)?;
                 error.set("message", message)?;
                 error.set("capability", capability.as_str())?;

@@ -20,7 +20,7 @@ mod preview1;
 
 use std::cell::{OnceCell, RefCell};
 
-use javy::quickjs::{Function, Object, Persistent, Value};
+use javy::quickjs::{Function, Persistent, Value};
 use javy::{Config, Runtime};
 
 wit_bindgen::generate!({
@@ -96,8 +96,8 @@ struct PendingCall {
     binding: u32,
     resolve: Persistent<Function<'static>>,
     reject: Persistent<Function<'static>>,
-    /// An `Error` created when the call started, so a rejection's stack shows the call site.
-    site: Persistent<Object<'static>>,
+    /// The call site's frames, kept when the call started, so a rejection's stack shows it.
+    site: Persistent<Value<'static>>,
 }
 
 /// Creates the runtime and evaluates the prelude. Runs at build time under Wizer; also runs

@@ -160,6 +160,44 @@ async fn stacks_show_only_the_users_frames() {
     assert_eq!(error["line"], 2);
 }
 
+/// A call's site is kept as frames when the call starts and formatted only if it fails: the
+/// rejection's stack is the call's, made with the frame limit in force when the call started,
+/// and a later change of the limit, or of the frames' functions running on, does not reach it.
+#[tokio::test]
+async fn a_rejected_calls_stack_is_the_call_site_as_it_was() {
+    let mut session = example_session(SessionLimits::default()).await;
+    let script = "async function inner() {\n  return tools.examples.sleep({ms: 'soon'});\n}\n\
+                  async function outer() {\n  const pending = inner();\n  return pending;\n}\n\
+                  const limit = Error.stackTraceLimit;\n\
+                  Error.stackTraceLimit = 3;\n\
+                  const capped = outer();\n\
+                  Error.stackTraceLimit = limit;\n\
+                  const full = outer();\n\
+                  Error.stackTraceLimit = 0;\n\
+                  const none = tools.examples.sleep({ms: 'soon'});\n\
+                  Error.stackTraceLimit = 50;\n\
+                  const stacks = [];\n\
+                  for (const call of [capped, full, none]) {\n\
+                    try { await call; stacks.push(null); } catch (e) { stacks.push([e.name, e.stack]); }\n\
+                  }\n\
+                  return stacks;";
+    let report = session.run(script).await;
+    let value = report.to_json()["value"].clone();
+    let stack = |i: usize| {
+        assert_eq!(value[i][0], "ValidationError", "{value}");
+        value[i][1].as_str().expect("a stack").to_string()
+    };
+    let (capped, full, none) = (stack(0), stack(1), stack(2));
+    for text in [&capped, &full] {
+        assert!(text.contains("at inner (script.js:2:"), "{text}");
+    }
+    assert_eq!(capped.lines().count(), 3, "{capped}");
+    assert!(full.contains("at outer (script.js:5:"), "{full}");
+    assert!(full.contains("(script.js:12:"), "{full}");
+    assert!(full.lines().count() > capped.lines().count(), "{full}");
+    assert_eq!(none, "", "a site taken with no frames allowed has none");
+}
+
 /// A slot of the pooling allocator is reused by the next session; since slots keep the pages a
 /// session wrote resident and copy the snapshot back over them (see `engine.rs`), nothing a
 /// session did may show in the next one. Fuel is the sharpest witness: it counts every guest
