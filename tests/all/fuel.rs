@@ -184,7 +184,7 @@ async fn bulk_fuel(n: usize, script: &str) -> u64 {
 async fn binding_cost_does_not_grow_with_the_catalog() {
     // One capability touched (by JS path and by canonical id) and called, among 10 or 10,000.
     // When reading `tools` bound everything, this was 782,163 against 434,545,524 fuel (about
-    // 43,000 per capability); now both are about 500,000.
+    // 43,000 per capability); now both are about 450,000.
     let script = "const a = await tools.bulk.c3({n: 1}); const b = await tools['bulk.c3']({n: 2}); return a.seen.n + b.seen.n";
     let small = bulk_fuel(10, script).await;
     let large = bulk_fuel(10_000, script).await;
