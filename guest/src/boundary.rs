@@ -651,8 +651,9 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 let Some(error) = error.into_object() else {
                     return Err(quickjs::Error::Exception);
                 };
-                error.set("name", name)?;
+                // In the order an `Error` made with its message gets them.
                 error.set("message", message)?;
+                error.set("name", name)?;
                 error.set("capability", capability.as_str())?;
                 error.set("toolCallId", tool_call_id)?;
                 call.reject.clone().restore(ctx)?.call::<_, ()>((error,))

@@ -178,7 +178,7 @@ async fn a_rejected_calls_stack_is_the_call_site_as_it_was() {
                   Error.stackTraceLimit = 50;\n\
                   const stacks = [];\n\
                   for (const call of [capped, full, none]) {\n\
-                    try { await call; stacks.push(null); } catch (e) { stacks.push([e.name, e.stack]); }\n\
+                    try { await call; stacks.push(null); } catch (e) { stacks.push([e.name, e.stack, Object.keys(e).join()]); }\n\
                   }\n\
                   return stacks;";
     let report = session.run(script).await;
@@ -196,6 +196,8 @@ async fn a_rejected_calls_stack_is_the_call_site_as_it_was() {
     assert!(full.contains("(script.js:12:"), "{full}");
     assert!(full.lines().count() > capped.lines().count(), "{full}");
     assert_eq!(none, "", "a site taken with no frames allowed has none");
+    // The keys a script sees, in the order they had when the Error was made at the call.
+    assert_eq!(value[0][2], "message,name,capability,toolCallId", "{value}");
 }
 
 /// A slot of the pooling allocator is reused by the next session; since slots keep the pages a
