@@ -56,9 +56,6 @@ unsafe extern "C" {
     fn JS_CorralCaptureSite(ctx: *mut qjs::JSContext) -> qjs::JSValue;
     /// A new `Error` whose `stack` shows a site from [`JS_CorralCaptureSite`].
     fn JS_CorralSiteError(ctx: *mut qjs::JSContext, site: qjs::JSValue) -> qjs::JSValue;
-    /// Leaves the blocks QuickJS's allocator has freed so far unused, so that a session's
-    /// blocks are carved from fresh pages instead of copies of the snapshot's.
-    pub(crate) fn JS_CorralForgetFreeBlocks();
 }
 
 /// Takes ownership of a value a QuickJS call returned, or of its pending exception.

@@ -15,6 +15,7 @@
 //!
 //! All conversions between JavaScript values and WIT values live in [`boundary`].
 
+mod alloc;
 mod boundary;
 mod preview1;
 
@@ -215,8 +216,7 @@ pub(crate) fn now_ms() -> u64 {
 #[unsafe(export_name = "wizer-initialize")]
 pub extern "C" fn wizer_initialize() {
     with_runtime(|_| ());
-    // SAFETY: touches only the allocator's free lists; nothing is running in QuickJS.
-    unsafe { boundary::JS_CorralForgetFreeBlocks() };
+    alloc::forget_free_blocks();
 }
 
 struct Component;
