@@ -5,7 +5,7 @@
 // versions as corral's MCP tests), found through CORRAL_MCP_NODE_MODULES.
 //   CORRAL_MCP_NODE_MODULES=target/node-tools/mcp/node_modules node direct.mjs [CALLS]
 import { spawn } from "node:child_process";
-import { connect } from "node:net";
+import { connect, createServer } from "node:net";
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -37,18 +37,40 @@ async function measure(transportName, transport) {
 }
 
 await measure("stdio", new StdioClientTransport({ command: process.execPath, args: [everything, "stdio"], stderr: "ignore" }));
-const port = 30000 + Math.floor(Math.random() * 20000);
-const server = spawn(process.execPath, [everything, "streamableHttp"], { env: { ...process.env, PORT: String(port) }, stdio: "ignore" });
-// Wait (up to 30 s) until the server accepts connections.
-for (let tries = 0; ; tries++) {
-  const up = await new Promise((done) => {
-    const socket = connect(port, "127.0.0.1", () => { socket.end(); done(true); });
-    socket.on("error", () => done(false));
-  });
-  if (up) break;
-  if (tries > 300) throw new Error(`server-everything did not listen on ${port}`);
-  await new Promise((done) => setTimeout(done, 100));
+
+// A port the kernel just handed out and took back, so no other listener holds it.
+const freePort = () => new Promise((done, fail) => {
+  const probe = createServer();
+  probe.on("error", fail);
+  probe.listen(0, "127.0.0.1", () => { const { port } = probe.address(); probe.close(() => done(port)); });
+});
+
+// Starts server-everything over streamable HTTP and waits (up to 30 s) until it accepts
+// connections. A server that exits first (its port taken in the meantime) is started again on
+// another port, up to three times.
+async function startHttpServer() {
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort();
+    const server = spawn(process.execPath, [everything, "streamableHttp"], { env: { ...process.env, PORT: String(port) }, stdio: "ignore" });
+    let exited = null;
+    server.on("exit", (code, signal) => { exited = signal ?? code; });
+    for (let tries = 0; exited === null; tries++) {
+      const up = await new Promise((done) => {
+        const socket = connect(port, "127.0.0.1", () => { socket.end(); done(true); });
+        socket.on("error", () => done(false));
+      });
+      if (up) return { server, port };
+      if (tries > 300) {
+        server.kill();
+        throw new Error(`server-everything did not listen on ${port} within 30 s`);
+      }
+      await new Promise((done) => setTimeout(done, 100));
+    }
+    if (attempt >= 3) throw new Error(`server-everything exited (${exited}) before listening, ${attempt} times`);
+  }
 }
+
+const { server, port } = await startHttpServer();
 try {
   await measure("http", new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${port}/mcp`)));
 } finally {
