@@ -6,5 +6,6 @@ mod calls;
 mod concurrency;
 mod fuel;
 mod isolation;
+mod json;
 mod limits;
 mod schedule;
