@@ -4,7 +4,7 @@ use corral_sandbox::{ClockGrant, EntropyGrant, Grants, ScriptUser, SessionLimits
 use corral_tests::{example_options, example_session, sandbox};
 use serde_json::{Value, json};
 
-async fn run_with(grants: Grants, user: Option<ScriptUser>, script: &str) -> Value {
+pub(crate) async fn run_with(grants: Grants, user: Option<ScriptUser>, script: &str) -> Value {
     let options = SessionOptions {
         grants,
         user,

@@ -3,17 +3,12 @@
 //! keys as atoms, checks cycles on a C array and makes an array index a key string only when a
 //! `toJSON` or a replacer sees it; these cases pin that nothing a script can observe changed.
 
-use corral_sandbox::SessionLimits;
-use corral_tests::example_session;
+use corral_tests::example_options;
 use serde_json::{Value, json};
 
 async fn value_of(script: &str) -> Value {
-    let mut session = example_session(SessionLimits::default()).await;
-    let report = session.run(script).await;
-    match report.outcome {
-        Ok(Some(value)) => value,
-        other => panic!("{script}: {other:?}"),
-    }
+    let options = example_options();
+    crate::isolation::run_with(options.grants, options.user, script).await
 }
 
 #[tokio::test]
