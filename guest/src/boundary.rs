@@ -56,6 +56,9 @@ unsafe extern "C" {
     fn JS_CorralCaptureSite(ctx: *mut qjs::JSContext) -> qjs::JSValue;
     /// A new `Error` whose `stack` shows a site from [`JS_CorralCaptureSite`].
     fn JS_CorralSiteError(ctx: *mut qjs::JSContext, site: qjs::JSValue) -> qjs::JSValue;
+    /// Lets a namespace proxy of `tools` answer the names its target holds without its `get`
+    /// trap; false if `obj` is not a proxy.
+    fn JS_CorralMarkNamespace(ctx: *mut qjs::JSContext, obj: qjs::JSValue) -> bool;
 }
 
 /// Takes ownership of a value a QuickJS call returned, or of its pending exception.
@@ -578,6 +581,15 @@ pub(crate) fn tools_natives<'js>(
         },
     )?;
     Ok((entry, names))
+}
+
+/// `markNamespace(proxy)`, which the prelude calls on each namespace proxy of `tools` it makes
+/// (see `JS_CorralMarkNamespace` in the `namespace-get-fast-path` patch).
+pub(crate) fn mark_namespace_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
+    Function::new(ctx.clone(), |ctx: Ctx<'js>, proxy: Value<'js>| -> bool {
+        // SAFETY: the context and the value are alive for 'js; the call only sets a flag.
+        unsafe { JS_CorralMarkNamespace(ctx.as_raw().as_ptr(), proxy.as_raw()) }
+    })
 }
 
 /// The native behind the lazily built `user`.

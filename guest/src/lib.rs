@@ -126,8 +126,17 @@ fn create_runtime() -> Runtime {
         let (tools_entry, tools_names) =
             boundary::tools_natives(&ctx).map_err(|e| e.to_string())?;
         let shown_json = boundary::shown_json_native(&ctx).map_err(|e| e.to_string())?;
+        let mark_namespace = boundary::mark_namespace_native(&ctx).map_err(|e| e.to_string())?;
         let warm: Function = prelude
-            .call((call, log, session, tools_entry, tools_names, shown_json))
+            .call((
+                call,
+                log,
+                session,
+                tools_entry,
+                tools_names,
+                shown_json,
+                mark_namespace,
+            ))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
         let text_head: Function = ctx
             .eval(boundary::TEXT_HEAD_SOURCE)
@@ -154,9 +163,9 @@ fn create_runtime() -> Runtime {
 fn warm_up(runtime: &Runtime) {
     let warmed = runtime.context().with(|ctx| -> javy::quickjs::Result<()> {
         ctx.eval::<(), _>(
-            // `tools` and `user` are skipped: reading them would build (and cache) them before
-            // any session exists.
-            "for (const key of Reflect.ownKeys(globalThis)) { if (key !== 'tools' && key !== 'user') void globalThis[key]; }",
+            // `user` is skipped: reading it would build (and cache) it before any session
+            // exists.
+            "for (const key of Reflect.ownKeys(globalThis)) { if (key !== 'user') void globalThis[key]; }",
         )?;
         // The binding code, on sample bindings and a user, without defining anything; the
         // sample tree is gone again before any session starts.

@@ -4,7 +4,7 @@
 // behave, and defines those four globals. `user` is built the first time a script reads it, from
 // what `sessionNative()` returns; `tools` is built a piece at a time (see `namespace`), so
 // capabilities a script never reaches cost it nothing, however large the catalog.
-(function (callNative, logNative, sessionNative, toolsEntry, toolsNames, shownJson) {
+(function (callNative, logNative, sessionNative, toolsEntry, toolsNames, shownJson, markNamespace) {
   "use strict";
   const { freeze, defineProperty, getPrototypeOf, create, keys, hasOwn } = Object;
   const ProxyCtor = Proxy;
@@ -88,22 +88,19 @@
     logNative(LEVELS[level], describe(message), fieldsJson);
   });
 
-  function isPlainObject(value) {
-    if (value === null || typeof value !== "object" || isArray(value)) return false;
-    const proto = getPrototypeOf(value);
-    return proto === null || proto === ObjectProto;
-  }
-
   function bindCapability(index, id) {
     // Every failure rejects, never throws: a Proxy whose traps throw, a `toJSON` or
-    // `toString` that throws, an argument too deep for the boundary.
+    // `toString` that throws, an argument too deep for the boundary. The argument must be
+    // a plain object: no array, and a prototype that is `Object.prototype` or none.
     const fn = function (input) {
       try {
         if (arguments.length > 1) {
           return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${arguments.length}`));
         }
         if (arguments.length === 0 || input === undefined) input = {};
-        if (!isPlainObject(input)) {
+        let proto;
+        if (input === null || typeof input !== "object" || isArray(input) ||
+            ((proto = getPrototypeOf(input)) !== null && proto !== ObjectProto)) {
           return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${describe(input)}`));
         }
         return callNative(index, input);
@@ -144,7 +141,9 @@
   // first completes the target and freezes it, then answers exactly as a frozen object would.
   // So `tools` behaves as the deeply frozen object it always was, and costs in proportion to
   // what the script reaches, not to the catalog. `functions` holds each binding's function by
-  // index, so its JS path and its canonical id give the same function.
+  // index, so its JS path and its canonical id give the same function. `markNamespace` lets
+  // QuickJS answer a name the target already holds without calling the `get` trap, which
+  // would return that same value (see `JS_CorralMarkNamespace`): the path of every call.
   function namespace(node, functions) {
     const target = create(null);
     let complete = false;
@@ -207,7 +206,9 @@
         return reflectSetPrototypeOf(target, proto);
       },
     });
-    return new ProxyCtor(target, handler);
+    const proxy = new ProxyCtor(target, handler);
+    markNamespace(proxy);
+    return proxy;
   }
 
   // A property descriptor that crosses a proxy trap, copied without a prototype: the engine
@@ -227,20 +228,14 @@
     return namespace(0, create(null));
   }
 
-  // Read-only globals whose value is computed on first read. Without a setter, assigning to
-  // them throws in strict mode (scripts run in strict mode); they cannot be redefined.
-  let toolsValue = null;
+  // `tools` is made now, empty: every session starts from this snapshot and fills its own copy
+  // from its own bindings as it reads names. A data property, so reading it calls nothing.
+  define("tools", buildTools());
+
+  // A read-only global whose value is computed on first read. Without a setter, assigning to
+  // it throws in strict mode (scripts run in strict mode); it cannot be redefined.
   let userValue;
   let userRead = false;
-  defineProperty(globalThis, "tools", {
-    __proto__: null,
-    get: freeze(function tools() {
-      if (toolsValue === null) toolsValue = buildTools();
-      return toolsValue;
-    }),
-    enumerable: false,
-    configurable: false,
-  });
   defineProperty(globalThis, "user", {
     __proto__: null,
     get: freeze(function user() {
