@@ -2,8 +2,8 @@
 //! the `corral:sandbox` world happens in this file.
 
 use javy::quickjs::{
-    self, Array, Ctx, Exception, Function, Object, Persistent, Promise, Value,
-    context::EvalOptions, object::Property, promise::PromiseState, qjs,
+    self, Array, Ctx, Exception, Function, Object, Persistent, Value, context::EvalOptions,
+    object::Property, promise::PromiseState, qjs,
 };
 
 use crate::corral::sandbox::host;
@@ -59,6 +59,16 @@ unsafe extern "C" {
     /// Lets a namespace proxy of `tools` answer the names its target holds without its `get`
     /// trap; false if `obj` is not a proxy.
     fn JS_CorralMarkNamespace(ctx: *mut qjs::JSContext, obj: qjs::JSValue) -> bool;
+    /// A pending promise without resolving functions, settled by [`JS_CorralSettlePromise`].
+    fn JS_CorralNewPromise(ctx: *mut qjs::JSContext) -> qjs::JSValue;
+    /// Resolves (or rejects) a promise from [`JS_CorralNewPromise`] as its resolving function
+    /// would on its first call; at most once per promise. -1 if `promise` is not a promise.
+    fn JS_CorralSettlePromise(
+        ctx: *mut qjs::JSContext,
+        promise: qjs::JSValue,
+        value: qjs::JSValue,
+        is_reject: bool,
+    ) -> i32;
 }
 
 /// Takes ownership of a value a QuickJS call returned, or of its pending exception.
@@ -315,7 +325,7 @@ pub(crate) fn install_random(ctx: &Ctx<'_>) -> quickjs::Result<()> {
 pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
     Function::new(
         ctx.clone(),
-        |ctx: Ctx<'js>, binding: u32, input: Value<'js>| -> quickjs::Result<Promise<'js>> {
+        |ctx: Ctx<'js>, binding: u32, input: Value<'js>| -> quickjs::Result<Value<'js>> {
             let Some(input_json) = ctx.json_stringify(input)? else {
                 return Err(Exception::throw_type(
                     &ctx,
@@ -344,15 +354,17 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
             // only if the call fails.
             // SAFETY: the context is alive for 'js.
             let site = owned_value(&ctx, unsafe { JS_CorralCaptureSite(ctx.as_raw().as_ptr()) })?;
-            let (promise, resolve, reject) = ctx.promise()?;
+            // The guest settles the promise itself (`deliver`), once, so it needs no resolving
+            // functions.
+            // SAFETY: the context is alive for 'js.
+            let promise = owned_value(&ctx, unsafe { JS_CorralNewPromise(ctx.as_raw().as_ptr()) })?;
             let call_id = with_session(|session| {
                 let call_id = session.next_call_id;
                 session.next_call_id = session.next_call_id.wrapping_add(1);
                 session.pending.push(PendingCall {
                     call_id,
                     binding,
-                    resolve: Persistent::save(&ctx, resolve),
-                    reject: Persistent::save(&ctx, reject),
+                    promise: Persistent::save(&ctx, promise.clone()),
                     site: Persistent::save(&ctx, site),
                 });
                 call_id
@@ -658,6 +670,23 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
             continue;
         };
         let settle = |call: PendingCall| -> quickjs::Result<()> {
+            let promise = call.promise.clone().restore(ctx)?;
+            // `deliver` is the only caller, once per call: the call left `pending` above.
+            let settle_with = |value: Value<'_>, is_reject: bool| -> quickjs::Result<()> {
+                // SAFETY: the context is alive; both values are borrowed for the call.
+                let settled = unsafe {
+                    JS_CorralSettlePromise(
+                        ctx.as_raw().as_ptr(),
+                        promise.as_raw(),
+                        value.as_raw(),
+                        is_reject,
+                    )
+                };
+                if settled < 0 {
+                    return Err(quickjs::Error::Unknown);
+                }
+                Ok(())
+            };
             let reject = |name: &str, message: &str, tool_call_id: &str| -> quickjs::Result<()> {
                 let site = call.site.clone().restore(ctx)?;
                 // SAFETY: the context is alive; `site` is borrowed for the call.
@@ -672,11 +701,11 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 error.set("name", name)?;
                 error.set("capability", capability.as_str())?;
                 error.set("toolCallId", tool_call_id)?;
-                call.reject.clone().restore(ctx)?.call::<_, ()>((error,))
+                settle_with(error.into_value(), true)
             };
             match completion.outcome {
                 Ok(CallValue::Json(text)) => match ctx.json_parse(text) {
-                    Ok(value) => call.resolve.restore(ctx)?.call::<_, ()>((value,)),
+                    Ok(value) => settle_with(value, false),
                     Err(_) => {
                         let _ = ctx.catch();
                         let message =
@@ -684,7 +713,10 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                         reject("CapabilityError", &message, "")
                     }
                 },
-                Ok(CallValue::Text(text)) => call.resolve.restore(ctx)?.call::<_, ()>((text,)),
+                Ok(CallValue::Text(text)) => settle_with(
+                    quickjs::String::from_str(ctx.clone(), &text)?.into_value(),
+                    false,
+                ),
                 Err(error) => reject(&error.name, &error.message, &error.tool_call_id),
             }
         };

@@ -95,8 +95,8 @@ struct SessionState {
 struct PendingCall {
     call_id: u32,
     binding: u32,
-    resolve: Persistent<Function<'static>>,
-    reject: Persistent<Function<'static>>,
+    /// The call's promise, which only the guest settles (see `boundary::deliver`).
+    promise: Persistent<Value<'static>>,
     /// The call site's frames, kept when the call started, so a rejection's stack shows it.
     site: Persistent<Value<'static>>,
 }

@@ -58,8 +58,9 @@ pub const REFERENCE_SCRIPTS: &[(&str, &str, u64)] = &[
         // kept object keys as atoms and its cycle check in a C array; 659,049 until the
         // namespaces of `tools` answered known names without their `get` trap, `tools` became
         // a data property and the binding's argument check stopped calling a function; 557,434
-        // until the guest stopped building each call's argument array with `format!`.
-        549_804,
+        // until the guest stopped building each call's argument array with `format!`; 549,804
+        // until a call's promise was made and settled without resolving functions.
+        512_512,
     ),
 ];
 
