@@ -61,6 +61,10 @@ unsafe extern "C" {
     fn JS_CorralMarkNamespace(ctx: *mut qjs::JSContext, obj: qjs::JSValue) -> bool;
     /// A pending promise without resolving functions, settled by [`JS_CorralSettlePromise`].
     fn JS_CorralNewPromise(ctx: *mut qjs::JSContext) -> qjs::JSValue;
+    /// Whether a value is an ordinary object of an object literal's kind; runs no script code.
+    fn JS_CorralIsPlainObject(ctx: *mut qjs::JSContext, v: qjs::JSValue) -> bool;
+    /// Leaves the frames of C functions made with `func` out of stack traces and call sites.
+    fn JS_CorralHideFrames(func: qjs::JSCFunctionData);
     /// Resolves (or rejects) a promise from [`JS_CorralNewPromise`] as its resolving function
     /// would on its first call; at most once per promise. -1 if `promise` is not a promise.
     fn JS_CorralSettlePromise(
@@ -320,12 +324,114 @@ pub(crate) fn install_random(ctx: &Ctx<'_>) -> quickjs::Result<()> {
     math.set("random", random)
 }
 
-/// The native behind every `tools.*` function: serializes the one-element argument array,
-/// registers a pending promise and tells the host to start the call.
+/// `callNative(binding, input)`: [`start_call`], for the prelude's own check of an argument
+/// the binding's function did not take its fast path for (see [`bind_native`]).
 pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
     Function::new(
         ctx.clone(),
         |ctx: Ctx<'js>, binding: u32, input: Value<'js>| -> quickjs::Result<Value<'js>> {
+            start_call(&ctx, binding, input)
+        },
+    )
+}
+
+/// `bindNative(binding, check)`: the function behind one `tools.*` path, a C function (no
+/// JavaScript frame, no `arguments` object). With no argument, `undefined`, or a plain object
+/// (`JS_CorralIsPlainObject`, which runs no script code) it starts the call itself; any other
+/// arguments go to `check`, the prelude's function that rejects them with the reason, or starts
+/// the call through `callNative` if they are fine after all (an `arguments` object, a proxy of
+/// a plain object). Its frames are left out of stack traces, so a call's site and an error's
+/// stack show the script's frames.
+pub(crate) fn bind_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
+    // SAFETY: only records the function's address.
+    unsafe { JS_CorralHideFrames(Some(binding_function)) };
+    Function::new(
+        ctx.clone(),
+        |ctx: Ctx<'js>, binding: u32, check: Function<'js>| -> quickjs::Result<Value<'js>> {
+            // The index in a value, not in the function's `magic` (16 bits).
+            let index = Value::new_int(ctx.clone(), binding as i32);
+            let mut data = [check.as_raw(), index.as_raw()];
+            // SAFETY: the context is alive for 'js; `data` is copied (and its values duplicated)
+            // by QuickJS before the call returns.
+            let function = unsafe {
+                qjs::JS_NewCFunctionData(
+                    ctx.as_raw().as_ptr(),
+                    Some(binding_function),
+                    1,
+                    0,
+                    2,
+                    data.as_mut_ptr(),
+                )
+            };
+            owned_value(&ctx, function)
+        },
+    )
+}
+
+/// The body of every function [`bind_native`] makes: `data` holds the prelude's check and the
+/// binding's index.
+unsafe extern "C" fn binding_function(
+    ctx: *mut qjs::JSContext,
+    this: qjs::JSValue,
+    argc: std::ffi::c_int,
+    argv: *mut qjs::JSValue,
+    _magic: std::ffi::c_int,
+    data: *mut qjs::JSValue,
+) -> qjs::JSValue {
+    // SAFETY: QuickJS calls this with a live context, `argc` values at `argv` and the two
+    // values this function was made with at `data`.
+    unsafe {
+        let first = if argc > 0 { *argv } else { qjs::JS_UNDEFINED };
+        let fast = argc <= 1 && (qjs::JS_IsUndefined(first) || JS_CorralIsPlainObject(ctx, first));
+        if !fast {
+            return qjs::JS_Call(ctx, *data, this, argc, argv);
+        }
+        let Some(raw) = std::ptr::NonNull::new(ctx) else {
+            return qjs::JS_EXCEPTION;
+        };
+        let ctx = Ctx::from_raw(raw);
+        let input = if qjs::JS_IsUndefined(first) {
+            Object::new(ctx.clone()).map(Object::into_value)
+        } else {
+            Ok(Value::from_raw(
+                ctx.clone(),
+                qjs::JS_DupValue(ctx.as_raw().as_ptr(), first),
+            ))
+        };
+        let binding = qjs::JS_VALUE_GET_INT(*data.add(1)) as u32;
+        match input.and_then(|input| start_call(&ctx, binding, input)) {
+            Ok(promise) => {
+                let raw = qjs::JS_DupValue(ctx.as_raw().as_ptr(), promise.as_raw());
+                drop(promise);
+                raw
+            }
+            // Every failure rejects, never throws, as for the prelude's check.
+            Err(_) => rejected_with_exception(&ctx),
+        }
+    }
+}
+
+/// A promise rejected with the pending exception (which it clears).
+fn rejected_with_exception(ctx: &Ctx<'_>) -> qjs::JSValue {
+    let raw = ctx.as_raw().as_ptr();
+    // SAFETY: the context is alive; each value is owned once and freed once.
+    unsafe {
+        let error = qjs::JS_GetException(raw);
+        let promise = JS_CorralNewPromise(raw);
+        if !qjs::JS_IsException(promise) {
+            JS_CorralSettlePromise(raw, promise, error, true);
+        }
+        qjs::JS_FreeValue(raw, error);
+        promise
+    }
+}
+
+/// Serializes a call's argument, registers its pending promise and tells the host to start it;
+/// returns the promise.
+fn start_call<'js>(ctx: &Ctx<'js>, binding: u32, input: Value<'js>) -> quickjs::Result<Value<'js>> {
+    let ctx = ctx.clone();
+    {
+        {
             let Some(input_json) = ctx.json_stringify(input)? else {
                 return Err(Exception::throw_type(
                     &ctx,
@@ -371,8 +477,8 @@ pub(crate) fn call_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>>
             });
             host::start_call(call_id, binding, &args_json);
             Ok(promise)
-        },
-    )
+        }
+    }
 }
 
 /// The native behind `console.*` and `log(...)`: the prelude passes the level's index, the

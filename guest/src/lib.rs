@@ -121,6 +121,7 @@ fn create_runtime() -> Runtime {
             )
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
         let call = boundary::call_native(&ctx).map_err(|e| e.to_string())?;
+        let bind = boundary::bind_native(&ctx).map_err(|e| e.to_string())?;
         let log = boundary::log_native(&ctx).map_err(|e| e.to_string())?;
         let session = boundary::session_native(&ctx).map_err(|e| e.to_string())?;
         let (tools_entry, tools_names) =
@@ -130,12 +131,11 @@ fn create_runtime() -> Runtime {
         let warm: Function = prelude
             .call((
                 call,
+                bind,
                 log,
                 session,
-                tools_entry,
-                tools_names,
+                vec![tools_entry, tools_names, mark_namespace],
                 shown_json,
-                mark_namespace,
             ))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
         let text_head: Function = ctx

@@ -4,8 +4,9 @@
 // behave, and defines those four globals. `user` is built the first time a script reads it, from
 // what `sessionNative()` returns; `tools` is built a piece at a time (see `namespace`), so
 // capabilities a script never reaches cost it nothing, however large the catalog.
-(function (callNative, logNative, sessionNative, toolsEntry, toolsNames, shownJson, markNamespace) {
+(function (callNative, bindNative, logNative, sessionNative, toolsNatives, shownJson) {
   "use strict";
+  const toolsEntry = toolsNatives[0], toolsNames = toolsNatives[1], markNamespace = toolsNatives[2];
   const { freeze, defineProperty, getPrototypeOf, create, keys, hasOwn } = Object;
   const ProxyCtor = Proxy;
   const {
@@ -88,11 +89,14 @@
     logNative(LEVELS[level], describe(message), fieldsJson);
   });
 
+  // A binding's function is native (`bindNative`): it starts the call itself when it gets no
+  // argument, `undefined` or an object literal's kind of object, and hands anything else to
+  // `check`, with the same outcome it would have had here. Every failure rejects, never
+  // throws: a Proxy whose traps throw, a `toJSON` or `toString` that throws, an argument too
+  // deep for the boundary. The argument must be a plain object: no array, and a prototype
+  // that is `Object.prototype` or none.
   function bindCapability(index, id) {
-    // Every failure rejects, never throws: a Proxy whose traps throw, a `toJSON` or
-    // `toString` that throws, an argument too deep for the boundary. The argument must be
-    // a plain object: no array, and a prototype that is `Object.prototype` or none.
-    const fn = function (input) {
+    const check = function (input) {
       try {
         if (arguments.length > 1) {
           return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${arguments.length}`));
@@ -108,7 +112,10 @@
         return PromiseReject(error);
       }
     };
+    const fn = bindNative(index, check);
     // Descriptors without a prototype: a script's `Object.prototype.get` must not join them.
+    // The check is named too: its frame shows in the stack of the TypeError it rejects with.
+    defineProperty(check, "name", { __proto__: null, value: id });
     defineProperty(fn, "name", { __proto__: null, value: id });
     return freeze(fn);
   }

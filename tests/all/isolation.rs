@@ -190,6 +190,12 @@ async fn a_rejected_calls_stack_is_the_call_site_as_it_was() {
     let (capped, full, none) = (stack(0), stack(1), stack(2));
     for text in [&capped, &full] {
         assert!(text.contains("at inner (script.js:2:"), "{text}");
+        // The tool's function is corral's (a native whose frames stack traces leave out): the
+        // script sees its own frames only, and the limit counts only those.
+        assert!(
+            !text.contains("prelude.js") && !text.contains("(native)"),
+            "{text}"
+        );
     }
     assert_eq!(capped.lines().count(), 3, "{capped}");
     assert!(full.contains("at outer (script.js:5:"), "{full}");
