@@ -429,56 +429,51 @@ fn rejected_with_exception(ctx: &Ctx<'_>) -> qjs::JSValue {
 /// Serializes a call's argument, registers its pending promise and tells the host to start it;
 /// returns the promise.
 fn start_call<'js>(ctx: &Ctx<'js>, binding: u32, input: Value<'js>) -> quickjs::Result<Value<'js>> {
-    let ctx = ctx.clone();
-    {
-        {
-            let Some(input_json) = ctx.json_stringify(input)? else {
-                return Err(Exception::throw_type(
-                    &ctx,
-                    "the argument cannot be serialized as JSON",
-                ));
-            };
-            let input_json = text_of(&input_json);
-            // The argument array adds a level.
-            if json_deeper_than(&input_json, MAX_JSON_DEPTH - 1) {
-                return Err(Exception::throw_type(
-                    &ctx,
-                    &format!(
-                        "the argument nests more than {} arrays and objects deep",
-                        MAX_JSON_DEPTH - 1
-                    ),
-                ));
-            }
-            // The positional argument array, without building a JavaScript array for it (nor
-            // going through `format!`, which costs a call's worth of fuel here).
-            let mut args_json = String::with_capacity(input_json.len() + 2);
-            args_json.push('[');
-            args_json.push_str(&input_json);
-            args_json.push(']');
-            // The frames are kept now, so that a rejection's stack points at the script line
-            // that made the call rather than at the host's completion; the stack text is made
-            // only if the call fails.
-            // SAFETY: the context is alive for 'js.
-            let site = owned_value(&ctx, unsafe { JS_CorralCaptureSite(ctx.as_raw().as_ptr()) })?;
-            // The guest settles the promise itself (`deliver`), once, so it needs no resolving
-            // functions.
-            // SAFETY: the context is alive for 'js.
-            let promise = owned_value(&ctx, unsafe { JS_CorralNewPromise(ctx.as_raw().as_ptr()) })?;
-            let call_id = with_session(|session| {
-                let call_id = session.next_call_id;
-                session.next_call_id = session.next_call_id.wrapping_add(1);
-                session.pending.push(PendingCall {
-                    call_id,
-                    binding,
-                    promise: Persistent::save(&ctx, promise.clone()),
-                    site: Persistent::save(&ctx, site),
-                });
-                call_id
-            });
-            host::start_call(call_id, binding, &args_json);
-            Ok(promise)
-        }
+    let Some(input_json) = ctx.json_stringify(input)? else {
+        return Err(Exception::throw_type(
+            ctx,
+            "the argument cannot be serialized as JSON",
+        ));
+    };
+    let input_json = text_of(&input_json);
+    // The argument array adds a level.
+    if json_deeper_than(&input_json, MAX_JSON_DEPTH - 1) {
+        return Err(Exception::throw_type(
+            ctx,
+            &format!(
+                "the argument nests more than {} arrays and objects deep",
+                MAX_JSON_DEPTH - 1
+            ),
+        ));
     }
+    // The positional argument array, without building a JavaScript array for it (nor
+    // going through `format!`, which costs a call's worth of fuel here).
+    let mut args_json = String::with_capacity(input_json.len() + 2);
+    args_json.push('[');
+    args_json.push_str(&input_json);
+    args_json.push(']');
+    // The frames are kept now, so that a rejection's stack points at the script line
+    // that made the call rather than at the host's completion; the stack text is made
+    // only if the call fails.
+    // SAFETY: the context is alive for 'js.
+    let site = owned_value(ctx, unsafe { JS_CorralCaptureSite(ctx.as_raw().as_ptr()) })?;
+    // The guest settles the promise itself (`deliver`), once, so it needs no resolving
+    // functions.
+    // SAFETY: the context is alive for 'js.
+    let promise = owned_value(ctx, unsafe { JS_CorralNewPromise(ctx.as_raw().as_ptr()) })?;
+    let call_id = with_session(|session| {
+        let call_id = session.next_call_id;
+        session.next_call_id = session.next_call_id.wrapping_add(1);
+        session.pending.push(PendingCall {
+            call_id,
+            binding,
+            promise: Persistent::save(ctx, promise.clone()),
+            site: Persistent::save(ctx, site),
+        });
+        call_id
+    });
+    host::start_call(call_id, binding, &args_json);
+    Ok(promise)
 }
 
 /// The native behind `console.*` and `log(...)`: the prelude passes the level's index, the
@@ -762,21 +757,26 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 .pending
                 .iter()
                 .position(|p| p.call_id == completion.call_id)?;
-            let call = session.pending.swap_remove(position);
-            let id = session
-                .tools
-                .id(call.binding)
-                .map(str::to_string)
-                .unwrap_or_default();
-            Some((call, id))
+            Some(session.pending.swap_remove(position))
         });
         // A completion for an unknown call is a host bug; ignoring it keeps the script's
         // promises consistent (the host's own accounting reports it).
-        let Some((call, capability)) = pending else {
+        let Some(call) = pending else {
             continue;
         };
+        // Only a rejection names the capability.
+        let capability = |binding: u32| {
+            with_session(|session| session.tools.id(binding).map(str::to_string))
+                .unwrap_or_default()
+        };
         let settle = |call: PendingCall| -> quickjs::Result<()> {
-            let promise = call.promise.clone().restore(ctx)?;
+            let PendingCall {
+                binding,
+                promise,
+                site,
+                ..
+            } = call;
+            let promise = promise.restore(ctx)?;
             // `deliver` is the only caller, once per call: the call left `pending` above.
             let settle_with = |value: Value<'_>, is_reject: bool| -> quickjs::Result<()> {
                 // SAFETY: the context is alive; both values are borrowed for the call.
@@ -794,7 +794,7 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 Ok(())
             };
             let reject = |name: &str, message: &str, tool_call_id: &str| -> quickjs::Result<()> {
-                let site = call.site.clone().restore(ctx)?;
+                let site = site.clone().restore(ctx)?;
                 // SAFETY: the context is alive; `site` is borrowed for the call.
                 let error = owned_value(ctx, unsafe {
                     JS_CorralSiteError(ctx.as_raw().as_ptr(), site.as_raw())
@@ -805,7 +805,7 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                 // In the order an `Error` made with its message gets them.
                 error.set("message", message)?;
                 error.set("name", name)?;
-                error.set("capability", capability.as_str())?;
+                error.set("capability", capability(binding).as_str())?;
                 error.set("toolCallId", tool_call_id)?;
                 settle_with(error.into_value(), true)
             };
@@ -814,8 +814,10 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
                     Ok(value) => settle_with(value, false),
                     Err(_) => {
                         let _ = ctx.catch();
-                        let message =
-                            format!("{capability} returned a result that is not valid JSON");
+                        let message = format!(
+                            "{} returned a result that is not valid JSON",
+                            capability(binding)
+                        );
                         reject("CapabilityError", &message, "")
                     }
                 },
