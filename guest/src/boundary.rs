@@ -390,16 +390,16 @@ unsafe extern "C" fn binding_function(
             return qjs::JS_EXCEPTION;
         };
         let ctx = Ctx::from_raw(raw);
-        let input = if qjs::JS_IsUndefined(first) {
-            Object::new(ctx.clone()).map(Object::into_value)
-        } else {
-            Ok(Value::from_raw(
-                ctx.clone(),
-                qjs::JS_DupValue(ctx.as_raw().as_ptr(), first),
-            ))
-        };
         let binding = qjs::JS_VALUE_GET_INT(*data.add(1)) as u32;
-        match input.and_then(|input| start_call(&ctx, binding, input)) {
+        let started = if qjs::JS_IsUndefined(first) {
+            // No argument is `{}`, whose text is known without making the object.
+            start_call_with_json(&ctx, binding, "[{}]".to_string())
+        } else {
+            let input =
+                Value::from_raw(ctx.clone(), qjs::JS_DupValue(ctx.as_raw().as_ptr(), first));
+            start_call(&ctx, binding, input)
+        };
+        match started {
             Ok(promise) => {
                 let raw = qjs::JS_DupValue(ctx.as_raw().as_ptr(), promise.as_raw());
                 drop(promise);
@@ -452,6 +452,15 @@ fn start_call<'js>(ctx: &Ctx<'js>, binding: u32, input: Value<'js>) -> quickjs::
     args_json.push('[');
     args_json.push_str(&input_json);
     args_json.push(']');
+    start_call_with_json(ctx, binding, args_json)
+}
+
+/// [`start_call`] once the positional argument array's JSON text is known.
+fn start_call_with_json<'js>(
+    ctx: &Ctx<'js>,
+    binding: u32,
+    args_json: String,
+) -> quickjs::Result<Value<'js>> {
     // The frames are kept now, so that a rejection's stack points at the script line
     // that made the call rather than at the host's completion; the stack text is made
     // only if the call fails.
