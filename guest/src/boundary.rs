@@ -662,12 +662,12 @@ fn exact_text_of(string: &quickjs::String<'_>) -> Option<String> {
     std::str::from_utf8(bytes).ok().map(str::to_string)
 }
 
-/// The natives behind the lazily built `tools` (see `prelude.js`):
-/// `toolsEntry(node, name)` is `undefined`, `[0, binding, id]` for a function or `[1, node]`
-/// for a namespace; `toolsNames(node)` lists a namespace's names in binding order.
-pub(crate) fn tools_natives<'js>(
-    ctx: &Ctx<'js>,
-) -> quickjs::Result<(Function<'js>, Function<'js>)> {
+/// The natives behind the lazily built `tools` (see `prelude.js`), in the order the prelude
+/// takes them: `toolsEntry(node, name)` is `undefined`, `[0, binding, id]` for a function or
+/// `[1, node]` for a namespace; `toolsNames(node)` lists a namespace's names in binding order;
+/// `markNamespace(proxy)` is called on each namespace proxy the prelude makes (see
+/// `JS_CorralMarkNamespace` in the `namespace-get-fast-path` patch).
+pub(crate) fn tools_natives<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Vec<Function<'js>>> {
     let entry = Function::new(
         ctx.clone(),
         |ctx: Ctx<'js>, node: u32, name: quickjs::String<'js>| -> quickjs::Result<Value<'js>> {
@@ -706,16 +706,11 @@ pub(crate) fn tools_natives<'js>(
             Ok(list)
         },
     )?;
-    Ok((entry, names))
-}
-
-/// `markNamespace(proxy)`, which the prelude calls on each namespace proxy of `tools` it makes
-/// (see `JS_CorralMarkNamespace` in the `namespace-get-fast-path` patch).
-pub(crate) fn mark_namespace_native<'js>(ctx: &Ctx<'js>) -> quickjs::Result<Function<'js>> {
-    Function::new(ctx.clone(), |ctx: Ctx<'js>, proxy: Value<'js>| -> bool {
+    let mark_namespace = Function::new(ctx.clone(), |ctx: Ctx<'js>, proxy: Value<'js>| -> bool {
         // SAFETY: the context and the value are alive for 'js; the call only sets a flag.
         unsafe { JS_CorralMarkNamespace(ctx.as_raw().as_ptr(), proxy.as_raw()) }
-    })
+    })?;
+    Ok(vec![entry, names, mark_namespace])
 }
 
 /// The native behind the lazily built `user`.

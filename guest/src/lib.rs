@@ -124,19 +124,10 @@ fn create_runtime() -> Runtime {
         let bind = boundary::bind_native(&ctx).map_err(|e| e.to_string())?;
         let log = boundary::log_native(&ctx).map_err(|e| e.to_string())?;
         let session = boundary::session_native(&ctx).map_err(|e| e.to_string())?;
-        let (tools_entry, tools_names) =
-            boundary::tools_natives(&ctx).map_err(|e| e.to_string())?;
+        let tools = boundary::tools_natives(&ctx).map_err(|e| e.to_string())?;
         let shown_json = boundary::shown_json_native(&ctx).map_err(|e| e.to_string())?;
-        let mark_namespace = boundary::mark_namespace_native(&ctx).map_err(|e| e.to_string())?;
         let warm: Function = prelude
-            .call((
-                call,
-                bind,
-                log,
-                session,
-                vec![tools_entry, tools_names, mark_namespace],
-                shown_json,
-            ))
+            .call((call, bind, log, session, tools, shown_json))
             .map_err(|e| boundary::describe_exception(&ctx, e))?;
         let text_head: Function = ctx
             .eval(boundary::TEXT_HEAD_SOURCE)

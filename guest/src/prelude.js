@@ -101,7 +101,7 @@
         if (arguments.length > 1) {
           return PromiseReject(new TypeErrorCtor(`${id} takes one object argument, got ${arguments.length}`));
         }
-        if (arguments.length === 0 || input === undefined) input = {};
+        // No argument and `undefined` never reach here: `bindNative`'s function sends `{}`.
         let proto;
         if (input === null || typeof input !== "object" || isArray(input) ||
             ((proto = getPrototypeOf(input)) !== null && proto !== ObjectProto)) {
