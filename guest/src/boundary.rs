@@ -8,7 +8,7 @@ use javy::quickjs::{
 
 use crate::corral::sandbox::host;
 use crate::corral::sandbox::types::{
-    Binding, CallValue, Completion, LogLevel, RunState, ScriptError, User,
+    Binding, CallError, CallValue, Completion, LogLevel, RunState, ScriptError, User,
 };
 use crate::{PendingCall, SCRIPT_FILE_NAME, with_session};
 
@@ -63,6 +63,9 @@ unsafe extern "C" {
     fn JS_CorralNewPromise(ctx: *mut qjs::JSContext) -> qjs::JSValue;
     /// Whether a value is an ordinary object of an object literal's kind; runs no script code.
     fn JS_CorralIsPlainObject(ctx: *mut qjs::JSContext, v: qjs::JSValue) -> bool;
+    /// Whether `JSON.stringify(v)` is `{}` without running script code: a plain object that
+    /// never had an own property, with no `toJSON` on its prototype.
+    fn JS_CorralIsEmptyJSONObject(ctx: *mut qjs::JSContext, v: qjs::JSValue) -> bool;
     /// Leaves the frames of C functions made with `func` out of stack traces and call sites.
     fn JS_CorralHideFrames(func: qjs::JSCFunctionData);
     /// Resolves (or rejects) a promise from [`JS_CorralNewPromise`] as its resolving function
@@ -386,13 +389,15 @@ unsafe extern "C" fn binding_function(
         if !fast {
             return qjs::JS_Call(ctx, *data, this, argc, argv);
         }
+        let raw_ctx = ctx;
         let Some(raw) = std::ptr::NonNull::new(ctx) else {
             return qjs::JS_EXCEPTION;
         };
         let ctx = Ctx::from_raw(raw);
         let binding = qjs::JS_VALUE_GET_INT(*data.add(1)) as u32;
-        let started = if qjs::JS_IsUndefined(first) {
-            // No argument is `{}`, whose text is known without making the object.
+        let started = if qjs::JS_IsUndefined(first) || JS_CorralIsEmptyJSONObject(raw_ctx, first) {
+            // No argument is `{}`, whose text is known without making the object; so is an
+            // empty object's, without going through `JSON.stringify`.
             start_call_with_json(&ctx, binding, "[{}]".to_string())
         } else {
             let input =
@@ -466,22 +471,27 @@ fn start_call_with_json<'js>(
     // only if the call fails.
     // SAFETY: the context is alive for 'js.
     let site = owned_value(ctx, unsafe { JS_CorralCaptureSite(ctx.as_raw().as_ptr()) })?;
-    // The guest settles the promise itself (`deliver`), once, so it needs no resolving
+    // The guest settles the promise itself (`settle`), once, so it needs no resolving
     // functions.
     // SAFETY: the context is alive for 'js.
     let promise = owned_value(ctx, unsafe { JS_CorralNewPromise(ctx.as_raw().as_ptr()) })?;
     let call_id = with_session(|session| {
         let call_id = session.next_call_id;
         session.next_call_id = session.next_call_id.wrapping_add(1);
-        session.pending.push(PendingCall {
-            call_id,
-            binding,
-            promise: Persistent::save(ctx, promise.clone()),
-            site: Persistent::save(ctx, site),
-        });
         call_id
     });
-    host::start_call(call_id, binding, &args_json);
+    match host::start_call(call_id, binding, &args_json) {
+        // Answered at start: settled now, never pending.
+        Some(outcome) => settle(ctx, binding, &promise, &site, outcome),
+        None => with_session(|session| {
+            session.pending.push(PendingCall {
+                call_id,
+                binding,
+                promise: Persistent::save(ctx, promise.clone()),
+                site: Persistent::save(ctx, site),
+            })
+        }),
+    }
     Ok(promise)
 }
 
@@ -768,75 +778,92 @@ pub(crate) fn deliver(ctx: &Ctx<'_>, completions: Vec<Completion>) {
         let Some(call) = pending else {
             continue;
         };
-        // Only a rejection names the capability.
-        let capability = |binding: u32| {
-            with_session(|session| session.tools.id(binding).map(str::to_string))
-                .unwrap_or_default()
-        };
-        let settle = |call: PendingCall| -> quickjs::Result<()> {
-            let PendingCall {
-                binding,
-                promise,
-                site,
-                ..
-            } = call;
-            let promise = promise.restore(ctx)?;
-            // `deliver` is the only caller, once per call: the call left `pending` above.
-            let settle_with = |value: Value<'_>, is_reject: bool| -> quickjs::Result<()> {
-                // SAFETY: the context is alive; both values are borrowed for the call.
-                let settled = unsafe {
-                    JS_CorralSettlePromise(
-                        ctx.as_raw().as_ptr(),
-                        promise.as_raw(),
-                        value.as_raw(),
-                        is_reject,
-                    )
-                };
-                if settled < 0 {
-                    return Err(quickjs::Error::Unknown);
-                }
-                Ok(())
-            };
-            let reject = |name: &str, message: &str, tool_call_id: &str| -> quickjs::Result<()> {
-                let site = site.clone().restore(ctx)?;
-                // SAFETY: the context is alive; `site` is borrowed for the call.
-                let error = owned_value(ctx, unsafe {
-                    JS_CorralSiteError(ctx.as_raw().as_ptr(), site.as_raw())
-                })?;
-                let Some(error) = error.into_object() else {
-                    return Err(quickjs::Error::Exception);
-                };
-                // In the order an `Error` made with its message gets them.
-                error.set("message", message)?;
-                error.set("name", name)?;
-                error.set("capability", capability(binding).as_str())?;
-                error.set("toolCallId", tool_call_id)?;
-                settle_with(error.into_value(), true)
-            };
-            match completion.outcome {
-                Ok(CallValue::Json(text)) => match ctx.json_parse(text) {
-                    Ok(value) => settle_with(value, false),
-                    Err(_) => {
-                        let _ = ctx.catch();
-                        let message = format!(
-                            "{} returned a result that is not valid JSON",
-                            capability(binding)
-                        );
-                        reject("CapabilityError", &message, "")
-                    }
-                },
-                Ok(CallValue::Text(text)) => settle_with(
-                    quickjs::String::from_str(ctx.clone(), &text)?.into_value(),
-                    false,
-                ),
-                Err(error) => reject(&error.name, &error.message, &error.tool_call_id),
-            }
-        };
-        if settle(call).is_err() {
-            // Settling only fails when the engine is out of memory; the host's memory limit
-            // reports that, so the pending exception is dropped here.
+        let PendingCall {
+            binding,
+            promise,
+            site,
+            ..
+        } = call;
+        let (Ok(promise), Ok(site)) = (promise.restore(ctx), site.restore(ctx)) else {
             let _ = ctx.catch();
+            continue;
+        };
+        settle(ctx, binding, &promise, &site, completion.outcome);
+    }
+}
+
+/// Settles a call's promise with its outcome: the parsed value, the text, or an `Error` whose
+/// stack is the call's site. Each call is settled once: a call answered at start never becomes
+/// pending, and a delivered one leaves `pending` first.
+fn settle<'js>(
+    ctx: &Ctx<'js>,
+    binding: u32,
+    promise: &Value<'js>,
+    site: &Value<'js>,
+    outcome: Result<CallValue, CallError>,
+) {
+    // Only a rejection names the capability.
+    let capability = |binding: u32| {
+        with_session(|session| session.tools.id(binding).map(str::to_string)).unwrap_or_default()
+    };
+    let settle_with = |value: Value<'_>, is_reject: bool| -> quickjs::Result<()> {
+        // SAFETY: the context is alive; both values are borrowed for the call.
+        let settled = unsafe {
+            JS_CorralSettlePromise(
+                ctx.as_raw().as_ptr(),
+                promise.as_raw(),
+                value.as_raw(),
+                is_reject,
+            )
+        };
+        if settled < 0 {
+            return Err(quickjs::Error::Unknown);
         }
+        Ok(())
+    };
+    let reject = |name: &str, message: &str, tool_call_id: &str| -> quickjs::Result<()> {
+        // SAFETY: the context is alive; `site` is borrowed for the call.
+        let error = owned_value(ctx, unsafe {
+            JS_CorralSiteError(ctx.as_raw().as_ptr(), site.as_raw())
+        })?;
+        let Some(error) = error.into_object() else {
+            return Err(quickjs::Error::Exception);
+        };
+        // In the order an `Error` made with its message gets them.
+        error.set("message", message)?;
+        error.set("name", name)?;
+        error.set("capability", capability(binding).as_str())?;
+        error.set("toolCallId", tool_call_id)?;
+        settle_with(error.into_value(), true)
+    };
+    let settled = match outcome {
+        // What a tool that acts answers most often, without setting up JSON's parser.
+        Ok(CallValue::Json(text)) if matches!(text.as_str(), "null" | "true" | "false") => {
+            let value = match text.as_str() {
+                "null" => Value::new_null(ctx.clone()),
+                literal => Value::new_bool(ctx.clone(), literal == "true"),
+            };
+            settle_with(value, false)
+        }
+        Ok(CallValue::Json(text)) => match ctx.json_parse(text) {
+            Ok(value) => settle_with(value, false),
+            Err(_) => {
+                let _ = ctx.catch();
+                let message = format!(
+                    "{} returned a result that is not valid JSON",
+                    capability(binding)
+                );
+                reject("CapabilityError", &message, "")
+            }
+        },
+        Ok(CallValue::Text(text)) => quickjs::String::from_str(ctx.clone(), &text)
+            .and_then(|text| settle_with(text.into_value(), false)),
+        Err(error) => reject(&error.name, &error.message, &error.tool_call_id),
+    };
+    if settled.is_err() {
+        // Settling only fails when the engine is out of memory; the host's memory limit
+        // reports that, so the pending exception is dropped here.
+        let _ = ctx.catch();
     }
 }
 

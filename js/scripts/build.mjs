@@ -26,7 +26,7 @@ execFileSync(
 )
 
 // The core modules' imports are what the component really needs from a host.
-const allowed = new Set(['corral:sandbox/host@0.3.0', ''])
+const allowed = new Set(['corral:sandbox/host@0.4.0', ''])
 for (const file of ['corral-guest.core.wasm', 'corral-guest.core2.wasm', 'corral-guest.core3.wasm']) {
   const module = new WebAssembly.Module(readFileSync(path.join(out, file)))
   for (const entry of WebAssembly.Module.imports(module)) {

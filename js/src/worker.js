@@ -69,6 +69,9 @@ const host = {
     }
     callsStarted += 1
     parentPort.postMessage({ type: 'call', callId, binding, argsJson })
+    // The outcome comes later, in a batch: tools run on the main thread, never inside this
+    // import (none: nothing is answered at start).
+    return undefined
   },
   nowMs() {
     checkMemory()
@@ -96,9 +99,9 @@ function instantiateGuest(modules) {
   }
   // jco 1.35's generated code reads the unversioned key although its types name the versioned
   // one; both are given so that a jco that fixes this keeps working.
-  const imports = { 'corral:sandbox/host': host, 'corral:sandbox/host@0.3.0': host }
+  const imports = { 'corral:sandbox/host': host, 'corral:sandbox/host@0.4.0': host }
   const root = instantiate((path) => modules[path], imports, instantiateCore)
-  return root['corral:sandbox/session@0.3.0']
+  return root['corral:sandbox/session@0.4.0']
 }
 
 /** Runs one export of the guest and reports where the script stands (or why it stopped). */

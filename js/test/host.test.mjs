@@ -180,12 +180,12 @@ test('the component imports corral:sandbox/host and nothing else', () => {
   ]).toString()
   const imports = [...wit.matchAll(/^\s*import\s+([^;]+);/gm)].map((m) => m[1]).sort()
   // `types` holds only type definitions (no functions), shared by host and session.
-  assert.deepEqual(imports, ['corral:sandbox/host@0.3.0', 'corral:sandbox/types@0.3.0'])
+  assert.deepEqual(imports, ['corral:sandbox/host@0.4.0', 'corral:sandbox/types@0.4.0'])
   for (const name of ['corral-guest.core.wasm', 'corral-guest.core2.wasm', 'corral-guest.core3.wasm']) {
     const module = new WebAssembly.Module(readFileSync(new URL(`../gen/${name}`, import.meta.url)))
     for (const entry of WebAssembly.Module.imports(module)) {
       // '' is jco's own shim between the core modules.
-      assert.ok(['corral:sandbox/host@0.3.0', ''].includes(entry.module), `${name} imports ${entry.module}#${entry.name}`)
+      assert.ok(['corral:sandbox/host@0.4.0', ''].includes(entry.module), `${name} imports ${entry.module}#${entry.name}`)
     }
   }
 })

@@ -209,6 +209,54 @@ async fn deliver_ready_is_what_run_does() {
     );
 }
 
+/// A call whose backend answers without waiting settles before the script's call expression
+/// returns under [`DeliverReady`] (answered from `start-call`), and only in a batch under a
+/// schedule that keeps the default `answers_at_start` (as a recording one must).
+#[tokio::test]
+async fn calls_ready_at_start_are_answered_there_only_when_the_schedule_says_so() {
+    let script = r#"const order = [];
+        const p = tools.test.record({}).then(() => order.push("call"));
+        await null;
+        order.push("tick");
+        await p;
+        let error;
+        try { await tools.test.slow({}); } catch (e) { error = e; }
+        return {order, error: [error.name, error.capability, error.stack.includes("script.js:7")]}"#;
+    let new_session = || {
+        session(
+            recording_catalog(),
+            Arc::new(DelayBackend { delays: false }),
+            SessionLimits::default(),
+        )
+    };
+    let at_start = new_session().await.run(script).await;
+    let scheduled = new_session()
+        .await
+        .run_scheduled(script, &mut DeliverReady)
+        .await;
+    let mut recording = Recording::default();
+    let batched = new_session()
+        .await
+        .run_scheduled(script, &mut recording)
+        .await;
+    let error = json!(["ValidationError", "test.slow", true]);
+    assert_eq!(
+        at_start.outcome.clone().ok().flatten(),
+        Some(json!({"order": ["call", "tick"], "error": error}))
+    );
+    assert_eq!(scheduled.outcome.ok(), at_start.outcome.ok());
+    assert_eq!(scheduled.stats.fuel, at_start.stats.fuel);
+    assert_eq!(
+        batched.outcome.ok().flatten(),
+        Some(json!({"order": ["tick", "call"], "error": error}))
+    );
+    // Both calls went through batches of their own.
+    let batches: Vec<_> = recording.waits.iter().map(|w| w.batch.clone()).collect();
+    assert_eq!(batches, vec![vec![0], vec![1]]);
+    assert_eq!(at_start.stats.calls, 2);
+    assert_eq!(batched.stats.calls, 2);
+}
+
 fn held(call_id: u32) -> HeldCall {
     HeldCall {
         call_id,

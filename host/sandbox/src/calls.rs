@@ -87,6 +87,9 @@ pub(crate) struct CallTable {
     /// Bytes the host holds for the script's calls: inputs of queued and running calls, and
     /// ready completions (see [`crate::SessionLimits::max_call_bytes`]).
     pub(crate) held_bytes: u64,
+    /// Whether a call whose outcome is ready when it starts is answered from `start-call`
+    /// (see [`crate::CompletionSchedule::answers_at_start`]); set for each script.
+    pub(crate) answers_at_start: bool,
     max_concurrent: usize,
 }
 
@@ -101,6 +104,7 @@ impl CallTable {
             started: 0,
             peak_in_flight: 0,
             held_bytes: 0,
+            answers_at_start: false,
             max_concurrent: max_concurrent.max(1) as usize,
         }
     }
@@ -117,6 +121,7 @@ impl CallTable {
         self.started = 0;
         self.peak_in_flight = 0;
         self.held_bytes = 0;
+        self.answers_at_start = false;
     }
 
     /// The call ids whose completions are ready, in the order they finished.
@@ -156,6 +161,17 @@ impl CallTable {
             }
         }
         Ok(batch)
+    }
+
+    /// The outcome of the call that just started, taken as a batch of its own, when the script
+    /// answers calls at start and it is ready already (its backend answered without waiting,
+    /// or its input was rejected).
+    pub(crate) fn take_at_start(&mut self, call_id: u32) -> Option<Result<CallValue, CallError>> {
+        if !self.answers_at_start || !self.ready.iter().any(|c| c.call_id == call_id) {
+            return None;
+        }
+        let mut batch = self.take_batch(&[call_id]).ok()?;
+        batch.pop().map(|completion| completion.outcome)
     }
 
     /// The tool call id of a rejection with this name and message delivered in this run.

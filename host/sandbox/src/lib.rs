@@ -60,8 +60,10 @@
 //! - The resumable world: the guest returns `waiting` when a script only waits on calls, and
 //!   the session hands it the next *batch* of completions. A [`CompletionSchedule`] given to
 //!   [`ExecutorSession::run_scheduled`] chooses each batch ([`DeliverReady`], the default,
-//!   delivers everything ready), so a host can record a script's batches and replay it exactly
-//!   (same calls, same value, same fuel). A backend may hold a call
+//!   delivers everything ready, and answers a call ready as it starts from `start-call`
+//!   itself), so a host can record a script's batches and replay it exactly (same calls, same
+//!   value, same fuel; a schedule answers at start only if
+//!   [`CompletionSchedule::answers_at_start`] says so). A backend may hold a call
 //!   ([`InvokeCapabilityError::Held`], for approval): when only held calls are left, the script
 //!   ends with [`ExecError::Suspended`] listing them.
 //! - [`ScriptReport`]: the value or error, the logs and the [`RunStats`] (fuel, wall time, peak

@@ -28,10 +28,21 @@ pub trait CompletionSchedule: Send {
         ready: &[u32],
         fuel_consumed: u64,
     ) -> Result<Vec<u32>, ScheduleError>;
+
+    /// Whether a call whose outcome is ready the moment the script starts it (its backend
+    /// answered without waiting, or its input failed validation) is answered right there, from
+    /// `start-call`, rather than in a batch: the script keeps running without a `waiting`, a
+    /// `resume` and a crossing back, and sees an already settled promise. Asked once per
+    /// script. The default is `false`, so every outcome goes through
+    /// [`CompletionSchedule::next_batch`]: a schedule that records batches to replay a run
+    /// exactly sees them all. ([`DeliverReady`] says `true`.)
+    fn answers_at_start(&self) -> bool {
+        false
+    }
 }
 
-/// Delivers everything that is ready, in finishing order (the default; what
-/// [`crate::ExecutorSession::run`] uses).
+/// Delivers everything that is ready, in finishing order, and answers at start the calls that
+/// are ready as they start (the default; what [`crate::ExecutorSession::run`] uses).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeliverReady;
 
@@ -43,6 +54,10 @@ impl CompletionSchedule for DeliverReady {
         _fuel_consumed: u64,
     ) -> Result<Vec<u32>, ScheduleError> {
         Ok(ready.to_vec())
+    }
+
+    fn answers_at_start(&self) -> bool {
+        true
     }
 }
 

@@ -11,7 +11,8 @@ use wasmtime::{Store, UpdateDeadline};
 
 use crate::backend::{Backend, InvocationContext};
 use crate::bindings::corral::sandbox::types::{
-    Binding, LogLevel, RunState, ScriptError as GuestScriptError, SessionConfig, User,
+    Binding, CallError, CallValue, LogLevel, RunState, ScriptError as GuestScriptError,
+    SessionConfig, User,
 };
 use crate::calls::{CallEnvironment, CallTable};
 use crate::engine::Sandbox;
@@ -617,6 +618,7 @@ impl ExecutorSession {
         {
             let data = self.store.data_mut();
             data.calls.reset();
+            data.calls.answers_at_start = schedule.answers_at_start();
             data.logs.clear();
             data.log_bytes = 0;
             data.script_id = script_id;
@@ -868,7 +870,7 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
         call_id: u32,
         binding: u32,
         args_json: String,
-    ) -> wasmtime::Result<()> {
+    ) -> wasmtime::Result<Option<Result<CallValue, CallError>>> {
         if self.calls.started >= self.limits.max_total_calls {
             return Err(LimitTrap::error(
                 Limit::TotalCalls,
@@ -888,7 +890,8 @@ impl crate::bindings::corral::sandbox::host::Host for SessionData {
             &args_json,
             tool_call_id,
         );
-        check_call_bytes(&self.calls, &self.limits)
+        check_call_bytes(&self.calls, &self.limits)?;
+        Ok(self.calls.take_at_start(call_id))
     }
 
     fn now_ms(&mut self) -> wasmtime::Result<u64> {
