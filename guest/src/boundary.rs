@@ -389,13 +389,14 @@ unsafe extern "C" fn binding_function(
         if !fast {
             return qjs::JS_Call(ctx, *data, this, argc, argv);
         }
-        let raw_ctx = ctx;
         let Some(raw) = std::ptr::NonNull::new(ctx) else {
             return qjs::JS_EXCEPTION;
         };
         let ctx = Ctx::from_raw(raw);
         let binding = qjs::JS_VALUE_GET_INT(*data.add(1)) as u32;
-        let started = if qjs::JS_IsUndefined(first) || JS_CorralIsEmptyJSONObject(raw_ctx, first) {
+        let started = if qjs::JS_IsUndefined(first)
+            || JS_CorralIsEmptyJSONObject(ctx.as_raw().as_ptr(), first)
+        {
             // No argument is `{}`, whose text is known without making the object; so is an
             // empty object's, without going through `JSON.stringify`.
             start_call_with_json(&ctx, binding, "[{}]".to_string())
@@ -837,24 +838,21 @@ fn settle<'js>(
         settle_with(error.into_value(), true)
     };
     let settled = match outcome {
-        // What a tool that acts answers most often, without setting up JSON's parser.
-        Ok(CallValue::Json(text)) if matches!(text.as_str(), "null" | "true" | "false") => {
-            let value = match text.as_str() {
-                "null" => Value::new_null(ctx.clone()),
-                literal => Value::new_bool(ctx.clone(), literal == "true"),
-            };
-            settle_with(value, false)
-        }
-        Ok(CallValue::Json(text)) => match ctx.json_parse(text) {
-            Ok(value) => settle_with(value, false),
-            Err(_) => {
-                let _ = ctx.catch();
-                let message = format!(
-                    "{} returned a result that is not valid JSON",
-                    capability(binding)
-                );
-                reject("CapabilityError", &message, "")
-            }
+        Ok(CallValue::Json(text)) => match text.as_str() {
+            // What a tool that acts answers most often, without setting up JSON's parser.
+            "null" => settle_with(Value::new_null(ctx.clone()), false),
+            "true" | "false" => settle_with(Value::new_bool(ctx.clone(), text == "true"), false),
+            _ => match ctx.json_parse(text) {
+                Ok(value) => settle_with(value, false),
+                Err(_) => {
+                    let _ = ctx.catch();
+                    let message = format!(
+                        "{} returned a result that is not valid JSON",
+                        capability(binding)
+                    );
+                    reject("CapabilityError", &message, "")
+                }
+            },
         },
         Ok(CallValue::Text(text)) => quickjs::String::from_str(ctx.clone(), &text)
             .and_then(|text| settle_with(text.into_value(), false)),

@@ -167,6 +167,7 @@ impl CallTable {
     /// answers calls at start and it is ready already (its backend answered without waiting,
     /// or its input was rejected).
     pub(crate) fn take_at_start(&mut self, call_id: u32) -> Option<Result<CallValue, CallError>> {
+        // Checked first so that a call still running costs no `take_batch` error text.
         if !self.answers_at_start || !self.ready.iter().any(|c| c.call_id == call_id) {
             return None;
         }
