@@ -11,6 +11,8 @@
 //                   sandbox's idle workers instantiate the next guests ahead of time
 //   call_roundtrip  one awaited async host call inside a script, per call (us): each sample is
 //                   a run of CALLS sequential `await tools.host({})`, divided by CALLS
+//   fib27           `fib(27)` in a fresh session (ms): the same guest as corral's Rust host, its
+//                   code compiled by V8 instead of Cranelift (and no fuel: V8 has none)
 // Each (peer, workload) runs in its own child process, as bench/peers/run.mjs does, so one
 // peer's garbage and JIT state cannot touch another's figures. quickjs-emscripten comes from
 // bench/peers/node_modules (install it with bench/peers/install.sh; PEERS_SKIP_IVM=1 is enough).
@@ -27,6 +29,8 @@ const COUNTS = quick
   ? { sessions: 100, preparedSessions: 50, warmSessions: 30, qjsSessions: 500, runs: 10 }
   : { sessions: 1000, preparedSessions: 300, warmSessions: 100, qjsSessions: 2000, runs: 50 }
 const PREPARE_PAUSE_MS = 20
+const FIB = 'function fib(n) { return n < 2 ? n : fib(n - 1) + fib(n - 2) } return fib(27)'
+const FIB_RUNS = quick ? 5 : 15
 const now = () => process.hrtime.bigint()
 const us = (ns) => Number(ns) / 1e3
 
@@ -106,6 +110,21 @@ const peers = {
         note: `${CALLS} sequential awaited calls per run; tool = async () => null on the main thread, the guest in its worker (start-call posted, completion delivered by resume)`,
       }
     },
+    async fib27() {
+      const sandbox = createSandbox()
+      const samples = []
+      for (let i = 0; i < FIB_RUNS + 2; i++) {
+        const session = await sandbox.session({ limits: { timeout_ms: 60_000 } })
+        const t0 = now()
+        const report = await session.run(FIB)
+        const ms = us(now() - t0) / 1e3
+        session.close()
+        if (report.value !== 196418) throw new Error(`fib(27) gave ${JSON.stringify(report)}`)
+        if (i >= 2) samples.push(ms)
+      }
+      sandbox.close()
+      return { samples, unit: 'ms', note: 'run(fib(27)) in a fresh session; a deadline, no fuel' }
+    },
   },
   'quickjs-emscripten-shared': {
     Q: null,
@@ -171,6 +190,22 @@ const peers = {
       rt.dispose()
       return { samples, note: `${CALLS} sequential awaited calls per run; host() = vm.newPromise() resolved in a host microtask, executePendingJobs on settle` }
     },
+    async fib27() {
+      const mod = await this.load()
+      const samples = []
+      for (let i = 0; i < FIB_RUNS + 2; i++) {
+        const rt = mod.newRuntime()
+        const ctx = rt.newContext()
+        const t0 = now()
+        const v = ctx.getNumber(ctx.unwrapResult(ctx.evalCode(`(function(){ ${FIB} })()`)))
+        const ms = us(now() - t0) / 1e3
+        ctx.dispose()
+        rt.dispose()
+        if (v !== 196418) throw new Error(`fib(27) gave ${v}`)
+        if (i >= 2) samples.push(ms)
+      }
+      return { samples, unit: 'ms', note: 'evalCode(fib(27)) in a fresh runtime and context; no deadline' }
+    },
   },
 }
 
@@ -178,14 +213,14 @@ const childAt = process.argv.indexOf('--child')
 if (childAt >= 0) {
   const [peer, workload] = process.argv.slice(childAt + 1, childAt + 3)
   const adapter = peers[peer]
-  const { samples, note } = await adapter[workload]()
-  process.stdout.write(JSON.stringify({ peer, workload, unit: 'us', ...stats(samples), note, version: adapter.version() }))
+  const { samples, note, unit = 'us' } = await adapter[workload]()
+  process.stdout.write(JSON.stringify({ peer, workload, unit, ...stats(samples), note, version: adapter.version() }))
   process.exit(0)
 }
 
 const results = []
 const versions = {}
-for (const workload of ['new_session', 'new_session_prepared', 'call_roundtrip']) {
+for (const workload of ['new_session', 'new_session_prepared', 'call_roundtrip', 'fib27']) {
   for (const peer of Object.keys(peers)) {
     if (!peers[peer][workload]) continue
     process.stderr.write(`bench: ${peer} ${workload}\n`)

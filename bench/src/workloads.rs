@@ -69,11 +69,18 @@ pub fn options(limits: SessionLimits) -> SessionOptions {
 /// A sandbox on the embedded guest, or on the guest component `$CORRAL_BENCH_GUEST` names (to
 /// compare a guest build, such as one through `wasm-opt`, with the embedded one).
 pub fn sandbox(fuel: bool, epochs: bool) -> anyhow::Result<Sandbox> {
-    let config = SandboxConfig {
+    sandbox_with(SandboxConfig {
         fuel,
         epochs,
-        max_sessions: 200,
         ..SandboxConfig::default()
+    })
+}
+
+/// [`sandbox`] with another configuration (200 sessions at most).
+fn sandbox_with(config: SandboxConfig) -> anyhow::Result<Sandbox> {
+    let config = SandboxConfig {
+        max_sessions: 200,
+        ..config
     };
     Ok(match std::env::var_os("CORRAL_BENCH_GUEST") {
         Some(path) => {
@@ -326,50 +333,73 @@ pub async fn deadline_overshoot(plan: Plan, sandbox: &Sandbox) -> anyhow::Result
 /// RSS added per live session with 100 alive (in a fresh child process), and the private part
 /// of it (`rss_per_session.private`: the pages the sessions wrote, as opposed to the pages of the
 /// guest's snapshot image they only read, which the kernel counts in every mapping's RSS but
-/// keeps in memory once).
+/// keeps in memory once). Measured twice: as configured by default (each session maps only the
+/// snapshot pages it reads), and with `SandboxConfig::fault_around` on (`.fault_around`: Linux
+/// maps up to 16 neighbours with each page read). Each child also times its 100 sessions, each
+/// started in a pool slot no session used before (`new_session.cold_slot`): new session +
+/// `return 1+1`, the session kept alive.
 pub fn rss_per_session() -> anyhow::Result<Vec<Measurement>> {
-    let exe = std::env::current_exe()?;
-    let output = std::process::Command::new(exe)
-        .args(["--child", "rss"])
-        .output()?;
-    if !output.status.success() {
-        bail!(
-            "the rss child failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+    let mut measurements = Vec::new();
+    for (mode, suffix) in [("rss", ""), ("rss-fault-around", ".fault_around")] {
+        let exe = std::env::current_exe()?;
+        let output = std::process::Command::new(exe)
+            .args(["--child", mode])
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "the {mode} child failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let value: Value = serde_json::from_slice(&output.stdout).context("rss child output")?;
+        let figure = |key: &str| value[key].as_f64().with_context(|| key.to_owned());
+        let starts: Vec<f64> =
+            serde_json::from_value(value["start_us"].clone()).context("rss child start_us")?;
+        measurements.extend([
+            summarize(
+                "corral",
+                &format!("rss_per_session{suffix}"),
+                "KiB",
+                vec![figure("kib_per_session")?],
+                "100 live sessions, each ran return 1+1; RSS delta / 100",
+            ),
+            summarize(
+                "corral",
+                &format!("rss_per_session{suffix}.private"),
+                "KiB",
+                vec![figure("private_kib_per_session")?],
+                "100 live sessions, each ran return 1+1; (RSS - shared) delta / 100",
+            ),
+            summarize(
+                "corral",
+                &format!("new_session.cold_slot{suffix}"),
+                "µs",
+                starts,
+                "new session + return 1+1 in a pool slot never used before, kept alive",
+            ),
+        ]);
     }
-    let value: Value = serde_json::from_slice(&output.stdout).context("rss child output")?;
-    let figure = |key: &str| value[key].as_f64().with_context(|| key.to_owned());
-    Ok(vec![
-        summarize(
-            "corral",
-            "rss_per_session",
-            "KiB",
-            vec![figure("kib_per_session")?],
-            "100 live sessions, each ran return 1+1; RSS delta / 100",
-        ),
-        summarize(
-            "corral",
-            "rss_per_session.private",
-            "KiB",
-            vec![figure("private_kib_per_session")?],
-            "100 live sessions, each ran return 1+1; (RSS - shared) delta / 100",
-        ),
-    ])
+    Ok(measurements)
 }
 
 /// The child half of [`rss_per_session`]: prints
-/// `{"kib_per_session": ..., "private_kib_per_session": ...}`.
-pub async fn rss_child() -> anyhow::Result<()> {
-    let sandbox = sandbox(true, true)?;
+/// `{"kib_per_session": ..., "private_kib_per_session": ..., "start_us": [...]}`.
+pub async fn rss_child(fault_around: bool) -> anyhow::Result<()> {
+    let sandbox = sandbox_with(SandboxConfig {
+        fault_around,
+        ..SandboxConfig::default()
+    })?;
     // One session first, so the engine, code and first-touch costs are not counted.
     let mut warm = sandbox.session(options(SessionLimits::default())).await?;
     run_ok(&mut warm, "return 1+1").await?;
     let before = resident_bytes()?;
     let mut alive = Vec::new();
+    let mut start_us = Vec::new();
     for _ in 0..100 {
+        let started = Instant::now();
         let mut session = sandbox.session(options(SessionLimits::default())).await?;
         run_ok(&mut session, "return 1+1").await?;
+        start_us.push(started.elapsed().as_secs_f64() * 1e6);
         alive.push(session);
     }
     let after = resident_bytes()?;
@@ -382,6 +412,8 @@ pub async fn rss_child() -> anyhow::Result<()> {
             "private_kib_per_session": per_session(after.private(), before.private()),
             "before": before.resident,
             "after": after.resident,
+            "start_us": start_us,
+            "maps_read_pages_only": sandbox.maps_read_pages_only(),
         })
     );
     Ok(())
