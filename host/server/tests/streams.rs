@@ -42,7 +42,10 @@ async fn stream_until_completed(
     );
     let mut events = response.bytes_stream().eventsource();
     let mut cursors = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // A hang guard, sized for the 30,000 events of the slow-client test on two loaded cores:
+    // its reader, which keeps up but is slowed by the suite running beside it, once took more
+    // than 30 s to reach the end after the turn had completed.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     while let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.next()).await {
         let event = event.expect("a well-formed event");
         let data: Value = serde_json::from_str(&event.data).expect("json data");
