@@ -22,8 +22,8 @@
 //! (`PROCMAP_QUERY`, Linux 6.11) for the mapping just after the last image registered: about
 //! 3 µs. When that finds too few, it walks every private writable file mapping of the process
 //! (about 0.5 µs each), or reads `/proc/self/maps` where `PROCMAP_QUERY` is missing. A session
-//! in a warm slot pays nothing; one in a new slot measured 98 µs against 87 with fault-around
-//! (100 sessions alive). Where userfaultfd is missing or refused (before Linux 6.7, or under a
+//! in a warm slot pays nothing; one in a new slot (with up to 100 sessions alive) measured 89
+//! to 107 µs over four whole benchmark runs, against 86 to 121 µs with fault-around. Where userfaultfd is missing or refused (before Linux 6.7, or under a
 //! seccomp filter), nothing is registered and sessions map pages as before: the cost is RSS,
 //! never correctness.
 //!
