@@ -34,7 +34,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use linux_raw_sys::general::{
     procmap_query,
@@ -124,7 +124,7 @@ struct State {
     /// Address ranges registered, so a later scan skips them.
     registered: HashSet<(u64, u64)>,
     /// `/proc/self/maps`, kept open to query mappings one at a time (`PROCMAP_QUERY`).
-    maps: Option<Arc<std::fs::File>>,
+    maps: Option<std::fs::File>,
     /// Where each run of registered images ends (see [`State::extend_runs`]).
     run_ends: Vec<u64>,
     /// Set when the kernel has no `PROCMAP_QUERY` (before Linux 6.11): scans read the text.
@@ -153,16 +153,16 @@ impl ImageMappings {
     }
 
     /// Call after a session was instantiated in the pool and before the guest runs: registers
-    /// the image mappings of slots used for the first time. Returns how many it registered.
-    pub(crate) fn register_new(&self, engine: &Engine, instantiated: Instantiating<'_>) -> usize {
+    /// the image mappings of slots used for the first time.
+    pub(crate) fn register_new(&self, engine: &Engine, instantiated: Instantiating<'_>) {
         let Some(fd) = userfaultfd() else {
-            return 0;
+            return;
         };
         let Some(metrics) = engine.pooling_allocator_metrics() else {
-            return 0;
+            return;
         };
         let Ok(mut state) = self.state.lock() else {
-            return 0;
+            return;
         };
         let slots = metrics.memories() + metrics.unused_warm_memories() as usize;
         let others = self.instantiating.load(Ordering::Acquire).saturating_sub(1);
@@ -172,26 +172,25 @@ impl ImageMappings {
             // session's slot waits in wasmtime's decommit queue; counting down lets the scan
             // run again when the count grows back, which finds nothing new and costs a walk.)
             state.slots_registered = slots;
-            return 0;
+            return;
         }
         let needed = slots - state.slots_registered;
-        let registered = state.scan(fd, needed);
+        state.scan(fd, needed);
         // The slots of instantiations still under way may be counted but not mapped yet: they
         // are left for their own instantiation to find.
         state.slots_registered = slots.saturating_sub(others);
-        registered
     }
 }
 
 impl State {
     /// Registers image mappings not registered yet, at least `needed` of them if there are as
-    /// many; returns how many it registered.
-    fn scan(&mut self, uffd: &OwnedFd, needed: usize) -> usize {
-        if !self.text_only {
-            let registered = self.extend_runs(uffd);
-            if registered >= needed {
-                return registered;
-            }
+    /// many.
+    fn scan(&mut self, uffd: &OwnedFd, needed: usize) {
+        if self.maps.is_none() {
+            self.maps = std::fs::File::open("/proc/self/maps").ok();
+        }
+        if !self.text_only && self.extend_runs(uffd) >= needed {
+            return;
         }
         let mut found = Vec::new();
         if self.text_only || !self.query_mappings(&mut found) {
@@ -211,34 +210,31 @@ impl State {
             .into_iter()
             .filter_map(|(range, is_image)| is_image.then_some(range))
             .collect();
-        let mut registered = 0;
         for &range in &images {
             if !self.registered.contains(&range) && register(uffd, range.0, range.1) {
                 self.registered.insert(range);
-                registered += 1;
             }
         }
         // Forget ranges that are gone, so a mapping made again at the same address is
         // registered again.
         self.registered.retain(|range| images.contains(range));
-        registered
     }
 
     /// The quick path: wasmtime hands out a pool's unused slots in address order, so a slot
     /// used for the first time is usually the mapping right after the end of a run of images
     /// already registered. Asks the kernel for the mapping after each run's end, and
-    /// registers it if it is an image, as long as there are new images there.
+    /// registers it if it is an image, as long as there are new images there. Returns how
+    /// many it registered.
     fn extend_runs(&mut self, uffd: &OwnedFd) -> usize {
-        let Some(maps) = self.maps_file() else {
+        let Some(maps) = &self.maps else {
             return 0;
         };
         let mut registered = 0;
         for end in &mut self.run_ends {
-            while let Some(next) = query_mapping(&maps, *end, None) {
+            while let Some(next) = query_mapping(maps, *end, None) {
                 let range = (next.vma_start, next.vma_end);
-                let file = (next.dev_major, next.dev_minor, next.inode);
-                if next.vma_flags & u64::from(PROCMAP_QUERY_VMA_SHARED as u32) != 0
-                    || self.image_files.get(&file) != Some(&true)
+                if is_shared(&next)
+                    || self.image_files.get(&file_of(&next)) != Some(&true)
                     || self.registered.contains(&range)
                     || !register(uffd, range.0, range.1)
                 {
@@ -252,37 +248,29 @@ impl State {
         registered
     }
 
-    /// `/proc/self/maps`, opened once.
-    fn maps_file(&mut self) -> Option<Arc<std::fs::File>> {
-        if self.maps.is_none() {
-            self.maps = std::fs::File::open("/proc/self/maps").ok().map(Arc::new);
-        }
-        self.maps.clone()
-    }
-
     /// Lists the process's private writable file mappings in address order, each with whether
     /// it is an image, with `PROCMAP_QUERY`: the kernel walks to each in turn, about 0.5 µs
     /// apiece, where reading `/proc/self/maps` as text costs about 2 µs per mapping of any
     /// kind (with 100 sessions alive, 30 against 190 µs). A file's name is asked for only the
     /// first time it is seen. False if the kernel has no `PROCMAP_QUERY` (before Linux 6.11).
     fn query_mappings(&mut self, found: &mut Vec<((u64, u64), bool)>) -> bool {
-        let Some(maps) = self.maps_file() else {
+        let Some(maps) = &self.maps else {
             return false;
         };
         let mut address = 0;
         let mut answered = false;
-        while let Some(mapping) = query_mapping(&maps, address, None) {
+        while let Some(mapping) = query_mapping(maps, address, None) {
             answered = true;
             address = mapping.vma_end;
-            if mapping.vma_flags & u64::from(PROCMAP_QUERY_VMA_SHARED as u32) != 0 {
+            if is_shared(&mapping) {
                 continue;
             }
-            let file = (mapping.dev_major, mapping.dev_minor, mapping.inode);
+            let file = file_of(&mapping);
             let is_image = match self.image_files.get(&file) {
                 Some(&is_image) => is_image,
                 None => {
                     let mut name = [0u8; 4096];
-                    let Some(named) = query_mapping(&maps, mapping.vma_start, Some(&mut name))
+                    let Some(named) = query_mapping(maps, mapping.vma_start, Some(&mut name))
                     else {
                         continue;
                     };
@@ -299,6 +287,16 @@ impl State {
         // mappings (its own data segment).
         answered
     }
+}
+
+/// Whether a mapping is shared (`MAP_SHARED`): never a copy-on-write memory image.
+fn is_shared(mapping: &procmap_query) -> bool {
+    mapping.vma_flags & u64::from(PROCMAP_QUERY_VMA_SHARED as u32) != 0
+}
+
+/// The file a mapping maps: (device major, minor, inode).
+fn file_of(mapping: &procmap_query) -> (u32, u32, u64) {
+    (mapping.dev_major, mapping.dev_minor, mapping.inode)
 }
 
 /// The writable, readable, file-backed mapping at or after `address`, with its file's name in
