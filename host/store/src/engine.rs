@@ -1953,19 +1953,34 @@ pub(crate) async fn claim_next_action<T: Tx>(
 ) -> Result<Option<ClaimedAction>, StoreError> {
     require_id("claim id", &claim_id)?;
     require_lease(lease)?;
-    let Some(action_id) = tx.next_claimable_action(&scope).await? else {
-        return Ok(None);
-    };
-    claim_action(
-        tx,
-        ClaimAction::new(
-            action_id,
-            claim_id,
-            lease,
-            scope.manifest_hash,
-            scope.implementation_version,
-        ),
-    )
-    .await
-    .map(Some)
+    // The search locks the candidate's session, but on PostgreSQL it reads the action as its
+    // statement's snapshot saw it: a claim that committed between that snapshot and the lock
+    // leaves a candidate that is no longer pending. Read it again under the lock, and search
+    // again (seeing the racer's claim) if it was taken.
+    for _ in 0..CLAIM_SEARCHES {
+        let Some(action_id) = tx.next_claimable_action(&scope).await? else {
+            return Ok(None);
+        };
+        if get_action(tx, &action_id).await?.status != ActionStatus::Pending {
+            continue;
+        }
+        return claim_action(
+            tx,
+            ClaimAction::new(
+                action_id,
+                claim_id,
+                lease,
+                scope.manifest_hash,
+                scope.implementation_version,
+            ),
+        )
+        .await
+        .map(Some);
+    }
+    // Every candidate was taken by a racing executor: nothing for this one now.
+    Ok(None)
 }
+
+/// How many candidates [`claim_next_action`] tries before it reports no work, each one having
+/// been taken by a racing executor between the search and the lock.
+const CLAIM_SEARCHES: usize = 4;

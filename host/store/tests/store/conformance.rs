@@ -2035,34 +2035,68 @@ async fn sessions_actions_and_effects_page_by_key(f: &Fixture) -> anyhow::Result
 async fn claim_next_spreads_executors_over_the_work(f: &Fixture) -> anyhow::Result<()> {
     let store = &*f.store;
     session(store, "s1").await?;
-    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
     let scope = ExecutorScope::new("helper", "sha256:helper-1", "1.0.0");
-    ensure!(store.claim_next_action(&scope, "c0", LONG).await?.is_none());
-    store.begin_effect(action_effect("a1", "t1")).await?;
-    store.begin_effect(action_effect("a2", "t1")).await?;
-    let (one, two) = tokio::join!(
-        f.store.claim_next_action(&scope, "c1", LONG),
-        f.peer.claim_next_action(&scope, "c2", LONG)
-    );
-    let mut got: Vec<String> = [one?, two?]
-        .into_iter()
-        .flatten()
-        .map(|claimed| claimed.action.action_id)
-        .collect();
-    // Both executors may have raced for one session: whoever skipped it tries again.
-    while got.len() < 2 {
-        let Some(claimed) = store.claim_next_action(&scope, "c3", LONG).await? else {
-            break;
-        };
-        got.push(claimed.action.action_id);
+    // The race that matters is timing-bound: a claim that commits between the other search's
+    // snapshot and its lock. Each round starts the peer's claim a little later, sweeping its
+    // search across the first claim's transaction.
+    for round in 0..CLAIM_RACES {
+        let turn = format!("t{round}");
+        set_turn(store, "s1", SessionStatus::Waiting, Some(&turn)).await?;
+        ensure!(
+            store
+                .claim_next_action(&scope, "c-none", LONG)
+                .await?
+                .is_none()
+        );
+        let pair = [format!("a{round}-1"), format!("a{round}-2")];
+        for id in &pair {
+            store.begin_effect(action_effect(id, &turn)).await?;
+        }
+        let claims = [format!("c{round}-1"), format!("c{round}-2")];
+        let offset = CLAIM_RACE_STEP * u32::try_from(round)?;
+        let (one, two) = tokio::join!(f.store.claim_next_action(&scope, &claims[0], LONG), async {
+            // A thread's sleep: tokio's timer counts whole milliseconds.
+            tokio::task::spawn_blocking(move || std::thread::sleep(offset)).await?;
+            anyhow::Ok(f.peer.claim_next_action(&scope, &claims[1], LONG).await?)
+        });
+        let mut got: Vec<String> = [one?, two?]
+            .into_iter()
+            .flatten()
+            .map(|claimed| claimed.action.action_id)
+            .collect();
+        // Both executors may have raced for one session: whoever skipped it tries again.
+        while got.len() < 2 {
+            let claim = format!("c{round}-{}", got.len() + 3);
+            let Some(claimed) = store.claim_next_action(&scope, &claim, LONG).await? else {
+                break;
+            };
+            got.push(claimed.action.action_id);
+        }
+        got.sort();
+        ensure!(got == pair, "round {round}: claimed {got:?}");
     }
-    got.sort();
-    ensure!(got == ["a1", "a2"], "claimed {got:?}");
-    ensure!(store.claim_next_action(&scope, "c4", LONG).await?.is_none());
+    ensure!(
+        store
+            .claim_next_action(&scope, "c-none", LONG)
+            .await?
+            .is_none()
+    );
     let other = ExecutorScope::new("helper", "sha256:other", "1.0.0");
-    ensure!(store.claim_next_action(&other, "c5", LONG).await?.is_none());
+    ensure!(
+        store
+            .claim_next_action(&other, "c-other", LONG)
+            .await?
+            .is_none()
+    );
     Ok(())
 }
+
+/// Rounds of [`claim_next_spreads_executors_over_the_work`], and how much later each one starts
+/// the peer's claim than the round before: 0 to 4 ms, the span of a claim's transaction here.
+/// Without candidates read again under the lock, 13 runs in 20 met the race (one in twenty with
+/// a single round).
+const CLAIM_RACES: usize = 80;
+const CLAIM_RACE_STEP: Duration = Duration::from_micros(50);
 
 async fn retention_prunes_the_history_of_closed_sessions_per_tenant(
     f: &Fixture,
