@@ -3,6 +3,7 @@
 
 mod cache;
 mod calls;
+mod codegen;
 mod concurrency;
 mod fuel;
 mod isolation;

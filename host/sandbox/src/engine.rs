@@ -234,6 +234,23 @@ impl Sandbox {
         Self::load(config, guest, &digest)
     }
 
+    /// Compiles the embedded guest as [`Sandbox::new`] would with `config`, with the register
+    /// allocator's checker on: each function's allocation is verified symbolically against its
+    /// code, and a wrong one fails the compilation. A test of the patched allocator
+    /// (host/vendor/README.md), not an API; nothing is cached.
+    #[doc(hidden)]
+    #[allow(unsafe_code)]
+    pub fn check_register_allocation(config: &SandboxConfig) -> Result<(), LoadGuestError> {
+        let mut settings = engine_config(config);
+        // SAFETY: the checker only verifies; it changes no setting the compiled code relies on.
+        unsafe {
+            settings.cranelift_flag_enable("regalloc_checker");
+        }
+        let engine = Engine::new(&settings).map_err(LoadGuestError::Engine)?;
+        Component::new(&engine, EMBEDDED_GUEST).map_err(LoadGuestError::InvalidGuest)?;
+        Ok(())
+    }
+
     fn load(config: SandboxConfig, guest: &[u8], digest: &str) -> Result<Sandbox, LoadGuestError> {
         if config.max_stack_bytes > MAX_STACK_BYTES || config.max_stack_bytes < 64 << 10 {
             return Err(LoadGuestError::InvalidConfig(format!(
@@ -350,6 +367,11 @@ fn engine_config(config: &SandboxConfig) -> Config {
     engine
 }
 
+/// What changes the compiled code beyond wasmtime's own compatibility hash, which knows nothing
+/// of the patched register allocator (host/vendor/README.md): code cached before the patch is
+/// compiled again rather than loaded.
+const CODEGEN: &str = "regalloc2 0.15.2, splits unbounded";
+
 /// Compiles the guest, or loads code compiled earlier by an engine with the same settings.
 fn compile_cached(
     engine: &Engine,
@@ -363,6 +385,7 @@ fn compile_cached(
     };
     let mut hasher = std::hash::DefaultHasher::new();
     std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
+    std::hash::Hash::hash(CODEGEN, &mut hasher);
     let engine_digest = std::hash::Hasher::finish(&hasher);
     let path = dir.join(format!("guest-{digest}-{engine_digest:016x}.cwasm"));
     if private_dir(dir).is_ok()
