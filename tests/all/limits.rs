@@ -457,6 +457,42 @@ async fn a_sandbox_without_a_pool_keeps_every_limit_and_costs_the_same_fuel() {
     );
 }
 
+/// A CPU-bound script hands its thread back to the executor between slices of its run: on a
+/// runtime with one thread, a timer that a task sets just after the script starts fires before
+/// the script's deadline stops it. A host that resumed the guest at every fuel yield until the
+/// deadline (rather than for one slice) would starve the timer for the whole two seconds.
+#[tokio::test(flavor = "current_thread")]
+async fn a_busy_script_lets_other_tasks_on_its_thread_run() {
+    let limits = SessionLimits {
+        fuel: u64::MAX / 2,
+        timeout_ms: 2_000,
+        ..SessionLimits::default()
+    };
+    let mut session = example_session(limits).await;
+    let timer = tokio::spawn(async {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        std::time::Instant::now()
+    });
+    let report = session.run("for (;;) {}").await;
+    let script_stopped = std::time::Instant::now();
+    assert!(
+        matches!(
+            report.outcome,
+            Err(ExecError::LimitExceeded {
+                limit: Limit::Deadline,
+                ..
+            })
+        ),
+        "{:?}",
+        report.outcome
+    );
+    let timer_fired = timer.await.expect("the timer task panicked");
+    assert!(
+        timer_fired < script_stopped,
+        "the timer fired only after the script was stopped"
+    );
+}
+
 #[tokio::test]
 async fn a_cancelled_run_discards_the_session() {
     let mut session = example_session(SessionLimits::default()).await;
