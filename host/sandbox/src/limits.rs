@@ -205,9 +205,10 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
 /// epoch yields, which this also serves).
 ///
 /// A yield that finds time left resumes the guest here at once, without going back to the
-/// async executor, for up to [`COOPERATIVE_SLICE`] of wall time; only then is `Pending` handed
-/// up (the yield has already woken the task, so the executor polls it again after the other
-/// tasks that are ready). A yield every 100,000 fuel comes every few microseconds: handing each
+/// async executor, until [`COOPERATIVE_SLICE`] has passed since this poll began; only then is
+/// `Pending` handed up (the yield has already woken the task, so the executor polls it again
+/// after the other tasks that are ready). An epoch yield, 10 ms after the last, always ends the
+/// slice, so a sandbox without fuel still gives its thread back at every tick. A yield every 100,000 fuel comes every few microseconds: handing each
 /// one to the executor cost about 5% of a CPU-bound script's time (`fib(30)`), for a
 /// cooperation that a slice gives as well. The clock is still read at every yield, so the
 /// deadline is exactly as precise as before.
@@ -217,7 +218,7 @@ pub(crate) async fn until_deadline<T>(
 ) -> wasmtime::Result<T> {
     let mut guest = std::pin::pin!(guest);
     std::future::poll_fn(|cx| {
-        let mut slice_end = None;
+        let slice_end = Instant::now() + COOPERATIVE_SLICE;
         loop {
             match guest.as_mut().poll(cx) {
                 std::task::Poll::Pending => {
@@ -228,7 +229,7 @@ pub(crate) async fn until_deadline<T>(
                             "the script ran past its deadline",
                         )));
                     }
-                    if now >= *slice_end.get_or_insert(now + COOPERATIVE_SLICE) {
+                    if now >= slice_end {
                         return std::task::Poll::Pending;
                     }
                 }
