@@ -207,11 +207,12 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
 /// A yield that finds time left resumes the guest here at once, without going back to the
 /// async executor, until [`COOPERATIVE_SLICE`] has passed since this poll began; only then is
 /// `Pending` handed up (the yield has already woken the task, so the executor polls it again
-/// after the other tasks that are ready). An epoch yield, 10 ms after the last, always ends the
-/// slice, so a sandbox without fuel still gives its thread back at every tick. A yield every 100,000 fuel comes every few microseconds: handing each
-/// one to the executor cost about 5% of a CPU-bound script's time (`fib(30)`), for a
-/// cooperation that a slice gives as well. The clock is still read at every yield, so the
-/// deadline is exactly as precise as before.
+/// after the other tasks that are ready). An epoch yield, [`DeadlineTicker::YIELD_PERIOD`]
+/// after the last, always ends the slice, so a sandbox without fuel still gives its thread back
+/// at every tick. A fuel yield comes every few microseconds: handing each one to the executor
+/// cost about 5% of a CPU-bound script's time (`fib(30)`), for a cooperation that a slice gives
+/// as well. The clock is still read at every yield, so the deadline is exactly as precise as
+/// before.
 pub(crate) async fn until_deadline<T>(
     deadline: Instant,
     guest: impl Future<Output = wasmtime::Result<T>>,
