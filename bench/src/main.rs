@@ -3,9 +3,14 @@
 //! chat runtime's cost per turn.
 //!
 //! ```text
-//! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store]
+//! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store] [--before BIN [--before-label TEXT]]
 //! corral-bench --rerender bench/results.json     (REPORT.md again from saved figures)
 //! ```
+//!
+//! `--before BIN` names a `corral-bench` built from an earlier commit: it measures the sandbox's
+//! own workloads again in the same invocation (`BIN --only WORKLOAD` for each), and the report
+//! sets them beside this build's figures, so a speed change is shown before and after on one
+//! machine in one run. `--before-label` names that build in the report (a commit, say).
 //!
 //! Writes `DIR/results.json` (every figure, machine-readable) and `DIR/REPORT.md` (tables,
 //! ratios and targets). Without `--out`, a full run writes `bench/results.json` and
@@ -35,6 +40,8 @@ struct Args {
     child: Option<String>,
     only: Option<String>,
     rerender: Option<PathBuf>,
+    before: Option<PathBuf>,
+    before_label: Option<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -46,6 +53,8 @@ fn parse_args() -> anyhow::Result<Args> {
         child: None,
         only: None,
         rerender: None,
+        before: None,
+        before_label: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -56,13 +65,21 @@ fn parse_args() -> anyhow::Result<Args> {
             "--out" => args.out = Some(PathBuf::from(it.next().context("--out needs a folder")?)),
             "--child" => args.child = Some(it.next().context("--child needs a name")?),
             "--only" => args.only = Some(it.next().context("--only needs a workload")?),
+            "--before" => {
+                args.before = Some(PathBuf::from(
+                    it.next().context("--before needs a corral-bench binary")?,
+                ))
+            }
+            "--before-label" => {
+                args.before_label = Some(it.next().context("--before-label needs a text")?)
+            }
             "--rerender" => {
                 args.rerender = Some(PathBuf::from(
                     it.next().context("--rerender needs a results.json")?,
                 ))
             }
             other => bail!(
-                "unknown argument {other}\nusage: corral-bench [--quick] [--out DIR] [--no-peers] [--no-store] [--only WORKLOAD]"
+                "unknown argument {other}\nusage: corral-bench [--quick] [--out DIR] [--no-peers] [--no-store] [--only WORKLOAD] [--before BIN [--before-label TEXT]]"
             ),
         }
     }
@@ -117,6 +134,17 @@ fn main() -> anyhow::Result<()> {
     let (mut results, fuel) = runtime.block_on(corral_workloads(plan))?;
     results.push(workloads::process_start(plan)?);
     results.extend(workloads::rss_per_session()?);
+    let before = match &args.before {
+        Some(bin) => {
+            eprintln!("corral-bench: the same workloads on {}", bin.display());
+            let label = args
+                .before_label
+                .clone()
+                .unwrap_or_else(|| bin.display().to_string());
+            json!({"label": label, "results": run_before(bin, plan)?})
+        }
+        None => Value::Null,
+    };
 
     let peers = if args.peers {
         eprintln!("corral-bench: peers (node bench/peers/run.mjs)");
@@ -172,6 +200,7 @@ fn main() -> anyhow::Result<()> {
         "serve": serve,
         "mcp_call": mcp,
         "js_host": js_host,
+        "before": before,
     });
     std::fs::write(
         out.join("results.json"),
@@ -196,6 +225,33 @@ async fn corral_workloads(plan: Plan) -> anyhow::Result<(Vec<Measurement>, Vec<V
     results.push(workloads::deadline_overshoot(plan, &sandbox).await?);
     let fuel = workloads::fuel_table(plan, &sandbox).await?;
     Ok((results, fuel))
+}
+
+/// Runs `bin --only W [--quick]` for each of [`report::BEFORE_WORKLOADS`]: an earlier build's
+/// figures for the same workloads, on the same machine in the same invocation.
+fn run_before(bin: &Path, plan: Plan) -> anyhow::Result<Vec<Measurement>> {
+    let mut out = Vec::new();
+    for (workload, _) in report::BEFORE_WORKLOADS {
+        let mut command = Command::new(bin);
+        command.args(["--only", workload]);
+        if plan.quick {
+            command.arg("--quick");
+        }
+        let output = command
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{} --only {workload} failed:\n{}",
+                bin.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let measured: Vec<Measurement> = serde_json::from_slice(&output.stdout)
+            .with_context(|| format!("{} --only {workload} printed no results", bin.display()))?;
+        out.extend(measured);
+    }
+    Ok(out)
 }
 
 fn run_peers(plan: Plan) -> anyhow::Result<Value> {

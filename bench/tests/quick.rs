@@ -43,8 +43,18 @@ const TOLERANCE: f64 = 0.03;
 #[test]
 fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
     let out = tempfile::tempdir().expect("temp dir");
-    let output = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .args(["--quick", "--out"])
+    // `--before` is given this same binary: what is checked is that an earlier build's figures
+    // are gathered and set beside this one's, not what they are.
+    let bench = env!("CARGO_BIN_EXE_corral-bench");
+    let output = Command::new(bench)
+        .args([
+            "--quick",
+            "--before",
+            bench,
+            "--before-label",
+            "this build",
+            "--out",
+        ])
         .arg(out.path())
         .output()
         .expect("corral-bench runs");
@@ -150,6 +160,45 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
         "pgbench did not run the store's SQL: {}",
         results["durable_step"]
     );
+
+    // Before and after: every workload measured again by the `--before` binary, and a row for
+    // each in the report (fib27 twice: the default and no metering).
+    assert_eq!(
+        results["before"]["label"], "this build",
+        "{}",
+        results["before"]
+    );
+    let before = results["before"]["results"]
+        .as_array()
+        .expect("before results");
+    for workload in [
+        "new_session",
+        "call_roundtrip",
+        "rss_per_session",
+        "fib27",
+        "deadline_overshoot",
+        "process_start",
+    ] {
+        assert!(
+            before.iter().any(|r| r["peer"] == "corral"
+                && r["workload"] == workload
+                && r["n"].as_u64() > Some(0)),
+            "--before did not measure {workload}: {before:?}"
+        );
+    }
+    let section = report
+        .split("## Before and after")
+        .nth(1)
+        .expect("a before-and-after section")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default();
+    assert!(section.contains("`this build`"), "{section}");
+    let rows = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains("**×"))
+        .count();
+    assert_eq!(rows, 7, "one row per workload, two for fib(27):\n{section}");
 
     let fuel = results["fuel"].as_array().expect("a fuel table");
     let mut drift = Vec::new();
