@@ -162,7 +162,7 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
     );
 
     // Before and after: every workload measured again by the `--before` binary, and a row for
-    // each in the report (fib27 twice: the default and no metering).
+    // each in the report (fib27 three times: the default, fuel only and no metering).
     assert_eq!(
         results["before"]["label"], "this build",
         "{}",
@@ -198,7 +198,10 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
         .lines()
         .filter(|l| l.starts_with("| ") && l.contains("**×"))
         .count();
-    assert_eq!(rows, 7, "one row per workload, two for fib(27):\n{section}");
+    assert_eq!(
+        rows, 8,
+        "one row per workload, three for fib(27):\n{section}"
+    );
 
     let fuel = results["fuel"].as_array().expect("a fuel table");
     let mut drift = Vec::new();
