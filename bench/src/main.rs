@@ -3,7 +3,8 @@
 //! chat runtime's cost per turn.
 //!
 //! ```text
-//! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store] [--before BIN [--before-label TEXT]]
+//! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store]
+//!              [--before BIN [--before-label TEXT]]
 //! corral-bench --rerender bench/results.json     (REPORT.md again from saved figures)
 //! ```
 //!
