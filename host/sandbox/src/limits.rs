@@ -137,12 +137,21 @@ pub(crate) struct LimitTrap {
     pub(crate) detail: String,
 }
 
+/// How a script stopped at its deadline is reported, however the deadline was enforced (fuel
+/// yields, epochs, or an epoch trap).
+pub(crate) const DEADLINE_DETAIL: &str = "the script ran past its deadline";
+
 impl LimitTrap {
     pub(crate) fn error(limit: Limit, detail: impl Into<String>) -> wasmtime::Error {
         wasmtime::Error::new(LimitTrap {
             limit,
             detail: detail.into(),
         })
+    }
+
+    /// The error that stops a script at its deadline.
+    pub(crate) fn deadline() -> wasmtime::Error {
+        Self::error(Limit::Deadline, DEADLINE_DETAIL)
     }
 }
 
@@ -225,10 +234,7 @@ pub(crate) async fn until_deadline<T>(
                 std::task::Poll::Pending => {
                     let now = Instant::now();
                     if now >= deadline {
-                        return std::task::Poll::Ready(Err(LimitTrap::error(
-                            Limit::Deadline,
-                            "the script ran past its deadline",
-                        )));
+                        return std::task::Poll::Ready(Err(LimitTrap::deadline()));
                     }
                     if now >= slice_end {
                         return std::task::Poll::Pending;

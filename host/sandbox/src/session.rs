@@ -17,7 +17,9 @@ use crate::bindings::corral::sandbox::types::{
 use crate::calls::{CallEnvironment, CallTable};
 use crate::engine::Sandbox;
 use crate::grants::Grants;
-use crate::limits::{Limit, LimitTrap, MemoryLimiter, SessionLimits, until_deadline};
+use crate::limits::{
+    DEADLINE_DETAIL, Limit, LimitTrap, MemoryLimiter, SessionLimits, until_deadline,
+};
 use crate::schedule::{CompletionSchedule, DeliverReady, HeldCall, ScheduleError};
 
 /// Everything a session is created with.
@@ -522,10 +524,7 @@ impl Sandbox {
         if config.deadline_by_epochs() {
             store.epoch_deadline_callback(|context| {
                 if Instant::now() >= context.data().deadline {
-                    Err(LimitTrap::error(
-                        Limit::Deadline,
-                        "the script ran past its deadline",
-                    ))
+                    Err(LimitTrap::deadline())
                 } else {
                     Ok(UpdateDeadline::Yield(1))
                 }
@@ -853,9 +852,7 @@ fn classify_trap(error: &wasmtime::Error, calls_started: u32) -> ExecError {
             Limit::Stack,
             "the script exhausted the stack (too deep recursion)".into(),
         ),
-        Some(wasmtime::Trap::Interrupt) => {
-            limit(Limit::Deadline, "the script ran past its deadline".into())
-        }
+        Some(wasmtime::Trap::Interrupt) => limit(Limit::Deadline, DEADLINE_DETAIL.into()),
         // Only the trap's own description: the guest's internal frames are no business of a
         // report (the engine does not capture them; see `engine_config`).
         Some(trap) => ExecError::GuestTrap(trap.to_string()),
