@@ -232,7 +232,7 @@ async fn corral_workloads(plan: Plan) -> anyhow::Result<(Vec<Measurement>, Vec<V
 /// figures for the same workloads, on the same machine in the same invocation.
 fn run_before(bin: &Path, plan: Plan) -> anyhow::Result<Vec<Measurement>> {
     let mut out = Vec::new();
-    for (workload, _) in report::BEFORE_WORKLOADS {
+    for workload in report::BEFORE_WORKLOADS {
         let mut command = Command::new(bin);
         command.args(["--only", workload]);
         if plan.quick {

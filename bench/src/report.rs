@@ -73,22 +73,16 @@ pub fn machine() -> Value {
     json!({"cpus": cores, "model": model, "os": std::env::consts::OS})
 }
 
-/// The sandbox's own workloads that `--before` measures again on an earlier build, and how the
-/// before-and-after table names them (`fib27` gives three rows: the default, fuel only and no
-/// metering).
-pub const BEFORE_WORKLOADS: &[(&str, &str)] = &[
-    ("new_session", "new session + `return 1+1` + dispose"),
-    ("call_roundtrip", "awaited no-op host call, per call"),
-    ("rss_per_session", "RSS per live session (100 alive)"),
-    ("fib27", "`fib(27)`, fuel and deadline (the default)"),
-    (
-        "deadline_overshoot",
-        "`while(true){}` past a 100 ms deadline",
-    ),
-    (
-        "process_start",
-        "`corral exec` whole process, one-line script",
-    ),
+/// The sandbox's own workloads that `--before` measures again on an earlier build; the
+/// before-and-after table names them as the peers table does (`WORKLOADS`), and gives `fib27`
+/// a row for each configuration that both builds measured.
+pub const BEFORE_WORKLOADS: &[&str] = &[
+    "new_session",
+    "call_roundtrip",
+    "rss_per_session",
+    "fib27",
+    "deadline_overshoot",
+    "process_start",
 ];
 
 fn find<'a>(results: &'a [Measurement], peer: &str, workload: &str) -> Option<&'a Measurement> {
@@ -737,16 +731,19 @@ fn before_and_after(
          (`corral-bench --before`). **×N** is before divided by after (above 1: faster or \
          smaller now).\n\n| workload | unit | before | after | |\n|---|---|---|---|---|"
     );
-    let mut rows: Vec<(&str, &str, &str)> = Vec::new();
-    for (workload, title) in BEFORE_WORKLOADS {
-        rows.push(("corral", workload, title));
+    let mut rows: Vec<(&str, &str, String)> = Vec::new();
+    for workload in BEFORE_WORKLOADS {
+        let title = WORKLOADS
+            .iter()
+            .find(|(w, _)| w == workload)
+            .map_or(*workload, |(_, title)| *title);
         if *workload == "fib27" {
-            rows.push(("corral-fuel-only", workload, "`fib(27)`, fuel only"));
-            rows.push((
-                "corral-no-limits",
-                workload,
-                "`fib(27)`, neither fuel nor epochs",
-            ));
+            for peer in ["corral", "corral-fuel-only", "corral-no-limits"] {
+                let note = find(results, peer, workload).and_then(|m| m.note.as_deref());
+                rows.push((peer, workload, format!("{title}: {}", note.unwrap_or(peer))));
+            }
+        } else {
+            rows.push(("corral", workload, title.to_string()));
         }
     }
     for (peer, workload, title) in rows {
