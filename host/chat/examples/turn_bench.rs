@@ -90,6 +90,7 @@ impl Bench {
             auto_confirm: true,
             approval: ApprovalPolicy::Script,
             user: None,
+            context: Default::default(),
             fingerprint: "bench".into(),
             decisions: BTreeMap::new(),
             resume: None,

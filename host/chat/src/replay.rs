@@ -242,7 +242,11 @@ impl CallJournal {
                     // An operator asked for a retry of an uncertain call.
                     self.store.restart(effect_id).await?;
                 }
-                let result = self.inner.invoke(context, invocation).await;
+                let mut context = context.clone();
+                context
+                    .attributes
+                    .insert("effectId".to_owned(), Value::String(effect_id.to_owned()));
+                let result = self.inner.invoke(&context, invocation).await;
                 self.store
                     .complete(effect_id, outcome_to_json(&result))
                     .await?;

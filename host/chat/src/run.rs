@@ -797,12 +797,15 @@ impl Turn<'_> {
     }
 
     fn invocation_context(&self) -> InvocationContext {
-        InvocationContext {
-            session_id: self.input.turn_id.clone(),
-            run_id: Some(self.input.turn_id.clone()),
-            user_id: self.input.user.as_ref().map(|u| u.id.clone()),
-            ..InvocationContext::default()
+        let mut context = self.input.context.clone();
+        if context.session_id.is_empty() {
+            context.session_id = self.input.turn_id.clone();
         }
+        if context.user_id.is_none() {
+            context.user_id = self.input.user.as_ref().map(|u| u.id.clone());
+        }
+        context.run_id = Some(self.input.turn_id.clone());
+        context
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use corral_catalog::{Catalog, Redactor};
 use corral_models::{Message, Model, Usage};
-use corral_sandbox::{Backend, ScriptUser};
+use corral_sandbox::{Backend, InvocationContext, ScriptUser};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -96,6 +96,12 @@ pub struct Input {
     pub approval: ApprovalPolicy,
     /// The user shown to scripts (display only).
     pub user: Option<ScriptUser>,
+    /// The attribution every backend invocation of the turn carries, bound by the host and
+    /// never by a script: the session (its id as the host's users know it), its tenant, its
+    /// owner and any attributes. The runtime sets `run_id` to the turn, and each call's effect
+    /// id is its `tool_call_id` (and the `effectId` attribute). An empty `session_id` means the
+    /// turn id; a missing `user_id`, the id of [`Input::user`].
+    pub context: InvocationContext,
     /// Fingerprint of the catalog, manifest and implementation version; a suspension taken under
     /// another fingerprint is refused.
     pub fingerprint: String,
@@ -121,59 +127,11 @@ impl std::fmt::Debug for Input {
 }
 
 /// A durable permission checkpoint: what a suspended turn needs to be resumed, in another
-/// process if need be. Serialized exactly like the server's turn checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SuspensionContext {
-    /// Format version, 1.
-    pub version: u32,
-    /// The turn.
-    pub turn_id: String,
-    /// The message that started the turn.
-    pub message: String,
-    /// What the turn waits on.
-    #[serde(default)]
-    pub pending: Vec<Interaction>,
-    /// Decisions taken so far.
-    #[serde(default)]
-    pub decisions: BTreeMap<String, Decision>,
-    /// The fingerprint the turn was suspended under.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<String>,
-}
+/// process if need be. It is the store's turn checkpoint, one type for the chat runtime and the
+/// server.
+pub type SuspensionContext = corral_store::TurnCheckpoint;
 
-/// A pending permission request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Interaction {
-    /// Stable id: the position of the gated call in the turn.
-    pub interaction_id: String,
-    /// `approval`.
-    pub kind: String,
-    /// `run_js` or the direct tool's name.
-    pub tool_name: String,
-    /// The gated capability (calls policy and direct tools).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capability_id: Option<String>,
-    /// What is to be approved.
-    pub arguments: Value,
-    /// SHA-256 (hex) of the arguments' canonical JSON.
-    pub arguments_sha256: String,
-}
-
-/// A decision on an interaction.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Decision {
-    /// Approved or rejected.
-    pub approved: bool,
-    /// Why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// A value given with `respond` (unused by approvals).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<Value>,
-}
+pub use corral_store::{Decision, Interaction};
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]

@@ -395,6 +395,7 @@ impl Chat {
                 ApprovalArg::Calls => ApprovalPolicy::Calls,
             },
             user: None,
+            context: Default::default(),
             fingerprint: self.fingerprint.clone(),
             decisions,
             resume,

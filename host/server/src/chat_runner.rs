@@ -25,12 +25,13 @@ use corral_chat::{
 use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions};
 use corral_models::{Model, Provider, ProviderConfig, ScriptedModel};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
-use corral_sandbox::{Backend, Sandbox, ScriptUser, SessionLimits};
-use corral_store::{Fence, NewEvent, Store};
+use corral_sandbox::{Backend, InvocationContext, Sandbox, ScriptUser, SessionLimits};
+use corral_store::{Fence, NewEvent, SessionCommit, Store};
 use serde_json::{Value, json};
 
 use crate::manifest::{Approval, BUILTIN_CAPABILITIES, Manifest, Mode, ModelSpec};
-use crate::runner::{TurnCheckpoint, TurnJob, TurnOutcome, TurnRunner};
+use crate::runner::{TurnJob, TurnOutcome, TurnRunner};
+use crate::tenancy::public_id;
 
 /// Runs turns with the chat runtime in one shared [`Sandbox`], with one [`McpHub`] for the
 /// agents' MCP servers.
@@ -61,26 +62,66 @@ impl ChatTurnRunner {
     }
 }
 
-/// Appends the runtime's events to the session's stream.
+/// Appends the runtime's events to the session's stream. Text deltas are appended in batches:
+/// they wait (at most [`DELTA_WINDOW`], or [`DELTA_BATCH`] of them) and go in one commit with
+/// the next event, so a streamed answer costs a few appends instead of one per token. Nothing
+/// is reordered and nothing acknowledged waits: the runtime's other events, and the end of the
+/// segment, flush what is buffered first.
 struct StoreSink {
     store: Arc<dyn Store>,
     session_id: String,
     fence: Fence,
+    deltas: tokio::sync::Mutex<(Vec<NewEvent>, Option<std::time::Instant>)>,
+}
+
+/// How long a text delta may wait for others to be appended with it.
+const DELTA_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+/// How many text deltas are appended at most in one commit.
+const DELTA_BATCH: usize = 64;
+
+impl StoreSink {
+    async fn append(&self, events: Vec<NewEvent>) -> Result<(), SinkError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut commit = SessionCommit::new(&self.session_id);
+        commit.fence = Some(self.fence.clone());
+        commit.events = events;
+        self.store
+            .commit(commit)
+            .await
+            .map(|_| ())
+            .map_err(|e| SinkError(e.to_string()))
+    }
+
+    /// Appends whatever text deltas are still buffered.
+    async fn flush(&self) -> Result<(), SinkError> {
+        let mut buffered = self.deltas.lock().await;
+        let events = std::mem::take(&mut buffered.0);
+        buffered.1 = None;
+        self.append(events).await
+    }
 }
 
 #[async_trait]
 impl EventSink for StoreSink {
     async fn emit(&self, event: RunEvent) -> Result<(), SinkError> {
+        let delta = matches!(event.kind, corral_chat::RunEventKind::TextDelta { .. });
         let mut data = event.kind.data();
         if let Value::Object(map) = &mut data {
             map.insert("step".into(), json!(event.step));
         }
         let new = NewEvent::new(event.kind.type_name(), data).in_turn(event.run_id);
-        self.store
-            .append_event(&self.session_id, Some(&self.fence), new)
-            .await
-            .map(|_| ())
-            .map_err(|e| SinkError(e.to_string()))
+        let mut buffered = self.deltas.lock().await;
+        buffered.0.push(new);
+        let since = *buffered.1.get_or_insert_with(std::time::Instant::now);
+        if delta && buffered.0.len() < DELTA_BATCH && since.elapsed() < DELTA_WINDOW {
+            return Ok(());
+        }
+        let events = std::mem::take(&mut buffered.0);
+        buffered.1 = None;
+        // The lock is held across the append, so batches are appended in order.
+        self.append(events).await
     }
 }
 
@@ -262,6 +303,12 @@ impl TurnRunner for ChatTurnRunner {
                 "the agent's catalog, manifest or version changed since the turn paused",
             );
         }
+        let sink = Arc::new(StoreSink {
+            store: Arc::clone(&job.store),
+            session_id: job.session.id.clone(),
+            fence: job.fence.clone(),
+            deltas: tokio::sync::Mutex::new((Vec::new(), None)),
+        });
         let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest))
             .with_redactor(Arc::clone(&redactor));
         let input = Input {
@@ -276,11 +323,7 @@ impl TurnRunner for ChatTurnRunner {
             turn_id: job.turn_id.clone(),
             message: checkpoint.message.clone(),
             max_steps: manifest.max_steps.unwrap_or(16),
-            sink: Arc::new(StoreSink {
-                store: Arc::clone(&job.store),
-                session_id: job.session.id.clone(),
-                fence: job.fence.clone(),
-            }),
+            sink: Arc::clone(&sink) as Arc<dyn EventSink>,
             backend: bound.backend,
             redactor,
             capabilities: Arc::new(bound.catalog),
@@ -294,11 +337,27 @@ impl TurnRunner for ChatTurnRunner {
                 Approval::Calls => ApprovalPolicy::Calls,
             },
             user: Some(script_user(&job.session)),
+            context: InvocationContext {
+                session_id: public_id(&job.session.id).to_owned(),
+                tenant_id: Some(job.session.tenant_id.clone()),
+                user_id: Some(job.session.owner_user_id.clone()),
+                run_id: Some(job.turn_id.clone()),
+                attributes: serde_json::Map::from_iter([(
+                    "agentId".to_owned(),
+                    Value::String(job.session.agent_id.clone()),
+                )]),
+            },
             fingerprint,
             decisions: checkpoint.decisions.clone(),
             resume: None,
         };
-        match corral_chat::run(&job.cancel, input).await {
+        let result = corral_chat::run(&job.cancel, input).await;
+        // Deltas still buffered go before the segment's outcome.
+        if let Err(error) = sink.flush().await {
+            // Only display text is lost (and no cursor is skipped): the outcome still applies.
+            tracing::warn!(session = %job.session.id, error = %error.0, "appending the last text deltas failed");
+        }
+        match result {
             Ok(RunResult::Completed {
                 text,
                 usage,
@@ -308,14 +367,9 @@ impl TurnRunner for ChatTurnRunner {
                 output: json!({"text": text, "steps": steps, "usage": usage}),
                 items,
             },
-            Ok(RunResult::Suspended { suspension }) => {
-                match serde_json::to_value(&suspension)
-                    .and_then(serde_json::from_value::<TurnCheckpoint>)
-                {
-                    Ok(checkpoint) => TurnOutcome::Paused { checkpoint },
-                    Err(error) => failed("internal_error", error.to_string()),
-                }
-            }
+            Ok(RunResult::Suspended { suspension }) => TurnOutcome::Paused {
+                checkpoint: suspension,
+            },
             Ok(RunResult::Waiting { effect_ids }) => TurnOutcome::Waiting { effect_ids },
             Ok(RunResult::Uncertain { effect_ids }) => TurnOutcome::Uncertain { effect_ids },
             Ok(RunResult::StepBudgetExhausted { steps }) => failed(

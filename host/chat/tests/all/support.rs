@@ -219,6 +219,7 @@ impl Parts {
             auto_confirm: false,
             approval: ApprovalPolicy::Script,
             user: None,
+            context: Default::default(),
             fingerprint: "fp-1".into(),
             decisions: BTreeMap::new(),
             resume: None,
