@@ -155,10 +155,20 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
+    call_as(TOKEN, base, method, path, body).await
+}
+
+async fn call_as(
+    token: &str,
+    base: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let client = reqwest::Client::new();
     let mut request = client
         .request(method, format!("{base}{path}"))
-        .bearer_auth(TOKEN)
+        .bearer_auth(token)
         .timeout(Duration::from_secs(10));
     if let Some(body) = body {
         request = request
@@ -360,5 +370,215 @@ async fn a_paused_turn_survives_sigkill_and_resumes_without_running_a_call_twice
     assert_eq!(cursors, (1..=cursors.len() as u64).collect::<Vec<_>>());
     let tail: Vec<u64> = events.iter().filter_map(|e| e["cursor"].as_u64()).collect();
     assert_eq!(tail, cursors[last_cursor as usize..].to_vec());
+    drop(server);
+}
+
+/// A webhook that records the whole request of every call (its `context` is the attribution).
+fn recording_webhook(seen: Arc<Mutex<Vec<Value>>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let seen = Arc::clone(&seen);
+            std::thread::spawn(move || {
+                let Some(request) = common::read_json_request(&mut stream) else {
+                    return;
+                };
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push(request);
+                }
+                common::reply_json(&mut stream, &json!({"ok": true, "output": {"done": true}}));
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect() {
+    const ACME: &str = "acme-tenant-token-000001";
+    const GLOBEX: &str = "globex-tenant-token-00001";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let url = recording_webhook(Arc::clone(&seen));
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
+             [[tokens]]\ntoken = \"{ACME}\"\nrole = \"application\"\ntenant = \"acme\"\n\
+             [[tokens]]\ntoken = \"{GLOBEX}\"\nrole = \"application\"\ntenant = \"globex\"\n",
+            dir.path().join("corral.db").display()
+        ),
+    )
+    .expect("config");
+    let server = Server::start(&config, &dir.path().join("serve.stderr"));
+    let base = server.base.clone();
+    // The script tries to pass attribution of its own in its argument: it must change nothing.
+    let code = "return await tools.shop.note({text: 'hi', tenant_id: 'evil', session_id: 'x'});";
+    let manifest = json!({
+        "id": "attr",
+        "instructions": "Note.",
+        "autoConfirm": true,
+        "model": {"provider": "scripted", "replies": [
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": code}}]},
+            {"text": "Noted."}
+        ]},
+        "capabilities": [{"kind": "webhook", "id": "shop.note", "webhookUrl": url,
+                          "input_schema": {"type": "object"}}]
+    });
+    ok(
+        &base,
+        reqwest::Method::PUT,
+        "/v1/agents/attr",
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+    let mut turns = Vec::new();
+    for (token, tenant, owner) in [(ACME, "acme", "ada"), (GLOBEX, "globex", "grace")] {
+        let (status, body) = call_as(
+            token,
+            &base,
+            reqwest::Method::PUT,
+            "/v1/sessions/dup",
+            Some(json!({"agentId": "attr", "ownerUserId": owner})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let (status, accepted) = call_as(
+            token,
+            &base,
+            reqwest::Method::POST,
+            "/v1/sessions/dup/commands",
+            Some(json!({"type": "message", "idempotencyKey": "m1", "content": "note it"})),
+        )
+        .await;
+        assert_eq!(status, 200, "{accepted}");
+        let turn = accepted["turnId"].as_str().expect("a turn").to_owned();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, view) =
+                call_as(token, &base, reqwest::Method::GET, "/v1/sessions/dup", None).await;
+            if view["status"] == "completed" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{tenant}: never completed: {view}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        turns.push((tenant, owner, turn));
+    }
+    let seen = seen.lock().expect("calls").clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for (tenant, owner, turn) in turns {
+        let call = seen
+            .iter()
+            .find(|c| c["context"]["tenant_id"] == tenant)
+            .unwrap_or_else(|| panic!("no call attributed to {tenant}: {seen:?}"));
+        let context = &call["context"];
+        assert_eq!(context["session_id"], "dup", "{call}");
+        assert_eq!(context["user_id"], owner, "{call}");
+        assert_eq!(context["run_id"], turn.as_str(), "{call}");
+        assert_eq!(context["attributes"]["agentId"], "attr", "{call}");
+        let effect = context["attributes"]["effectId"]
+            .as_str()
+            .expect("effect id");
+        assert_eq!(call["tool_call_id"], effect, "{call}");
+        assert!(
+            effect.starts_with(turn.as_str()),
+            "{effect} is of turn {turn}"
+        );
+        // The script's argument reached the backend as data only.
+        assert_eq!(call["input"][0]["tenant_id"], "evil");
+    }
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_closes_and_expires_settled_sessions_and_never_a_paused_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
+             [retention]\nintervalMs = 100\nsettledSessionTtlMs = 1500\nclosedSessionTtlMs = 0\n",
+            dir.path().join("corral.db").display()
+        ),
+    )
+    .expect("config");
+    let server = Server::start(&config, &dir.path().join("serve.stderr"));
+    let base = server.base.clone();
+    for (agent, auto_confirm) in [("quick", true), ("careful", false)] {
+        let manifest = json!({
+            "id": agent,
+            "instructions": "Add.",
+            "autoConfirm": auto_confirm,
+            "model": {"provider": "scripted", "replies": [
+                {"toolCalls": [{"name": "run_js", "arguments": {"code": "return 1 + 1;"}}]},
+                {"text": "Two."}
+            ]}
+        });
+        ok(
+            &base,
+            reqwest::Method::PUT,
+            &format!("/v1/agents/{agent}"),
+            Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+        )
+        .await;
+    }
+    for (session, agent) in [("done", "quick"), ("held", "careful")] {
+        ok(
+            &base,
+            reqwest::Method::PUT,
+            &format!("/v1/sessions/{session}"),
+            Some(json!({"agentId": agent, "ownerUserId": "ada"})),
+        )
+        .await;
+        ok(
+            &base,
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/commands"),
+            Some(json!({"type": "message", "idempotencyKey": "m1", "content": "1+1?"})),
+        )
+        .await;
+    }
+    wait_status(&base, "held", "paused").await;
+    // The completed session is left alone for longer than its 1.5 s: closed, then deleted.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = call(&base, reqwest::Method::GET, "/v1/sessions/done", None).await;
+        if status == 404 {
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(Instant::now() < deadline, "never expired: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = ok(&base, reqwest::Method::GET, "/v1/sessions/held", None).await;
+    assert_eq!(held["status"], "paused", "{held}");
+    let client = reqwest::Client::new();
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let counter = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(counter("corral_retention_pruned_total{kind=\"sessions\"}") >= 1);
+    assert!(counter("corral_retention_passes_total") >= 1);
     drop(server);
 }

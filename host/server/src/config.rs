@@ -33,6 +33,103 @@ pub struct Config {
     /// How long an SSE client may leave its buffer full before it is dropped
     /// (`sseSendTimeoutMs`, 5 s).
     pub sse_send_timeout: Duration,
+    /// What the background retention pass removes (`[retention]`).
+    pub retention: Retention,
+}
+
+/// The `[retention]` table: when sessions close and expire, what history and records are
+/// pruned, and how often the background pass runs. Paused, waiting, running and uncertain
+/// sessions are never touched.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// How often the pass runs (`intervalMs`, 60 s); each pass handles bounded batches.
+    pub interval: Duration,
+    /// The store's policy built from the table.
+    pub policy: corral_store::RetentionPolicy,
+}
+
+impl Default for Retention {
+    /// Sessions are kept forever, superseded checkpoints for an hour, idempotency records for
+    /// a day; a pass every minute.
+    fn default() -> Self {
+        let mut policy = corral_store::RetentionPolicy::default();
+        policy.superseded_checkpoint_ttl = Retention::DEFAULT_CHECKPOINT_TTL;
+        Retention {
+            interval: Retention::DEFAULT_INTERVAL,
+            policy,
+        }
+    }
+}
+
+impl Retention {
+    /// The default pass interval (60 s).
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+    /// How long a superseded checkpoint is kept by default (1 h).
+    pub const DEFAULT_CHECKPOINT_TTL: Duration = Duration::from_secs(3600);
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawRetention {
+    interval_ms: Option<u64>,
+    settled_session_ttl_ms: Option<u64>,
+    closed_session_ttl_ms: Option<u64>,
+    closed_history_ttl_ms: Option<u64>,
+    superseded_checkpoint_ttl_ms: Option<u64>,
+    idempotency_window_ms: Option<u64>,
+    #[serde(default)]
+    tenants: std::collections::BTreeMap<String, RawTenantRetention>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawTenantRetention {
+    settled_session_ttl_ms: Option<u64>,
+    closed_session_ttl_ms: Option<u64>,
+    closed_history_ttl_ms: Option<u64>,
+}
+
+impl RawRetention {
+    fn validate(self) -> Result<Retention, ConfigError> {
+        let ms = Duration::from_millis;
+        let mut retention = Retention::default();
+        if let Some(interval) = self.interval_ms {
+            if interval == 0 {
+                return Err(field("retention.intervalMs", "must be positive"));
+            }
+            retention.interval = ms(interval);
+        }
+        let policy = &mut retention.policy;
+        policy.settled_session_ttl = self.settled_session_ttl_ms.map(ms);
+        policy.closed_session_ttl = self.closed_session_ttl_ms.map(ms);
+        policy.closed_history_ttl = self.closed_history_ttl_ms.map(ms);
+        if let Some(ttl) = self.superseded_checkpoint_ttl_ms {
+            policy.superseded_checkpoint_ttl = ms(ttl);
+        }
+        if let Some(window) = self.idempotency_window_ms {
+            policy.idempotency_window = ms(window);
+        }
+        for (tenant, overrides) in self.tenants {
+            if let Some(problem) = crate::tenancy::tenant_problem(&tenant) {
+                return Err(field(format!("retention.tenants.{tenant}"), problem));
+            }
+            if let Some(ttl) = overrides.settled_session_ttl_ms {
+                policy
+                    .tenant_settled_session_ttl
+                    .insert(tenant.clone(), ms(ttl));
+            }
+            if let Some(ttl) = overrides.closed_session_ttl_ms {
+                policy
+                    .tenant_closed_session_ttl
+                    .insert(tenant.clone(), ms(ttl));
+            }
+            if let Some(ttl) = overrides.closed_history_ttl_ms {
+                policy.tenant_closed_history_ttl.insert(tenant, ms(ttl));
+            }
+        }
+        Ok(retention)
+    }
 }
 
 /// Where the store lives.
@@ -107,6 +204,8 @@ struct RawConfig {
     models: toml::Table,
     sse_keep_alive_ms: Option<u64>,
     sse_send_timeout_ms: Option<u64>,
+    #[serde(default)]
+    retention: RawRetention,
 }
 
 #[derive(Debug, Deserialize)]
@@ -194,6 +293,7 @@ impl Config {
                 raw.sse_send_timeout_ms,
                 Config::DEFAULT_SEND_TIMEOUT,
             )?,
+            retention: raw.retention.validate()?,
         };
         config.validate()?;
         Ok(config)
@@ -214,6 +314,7 @@ impl Config {
             models: toml::Table::new(),
             sse_keep_alive: Config::DEFAULT_KEEP_ALIVE,
             sse_send_timeout: Config::DEFAULT_SEND_TIMEOUT,
+            retention: Retention::default(),
         };
         config.validate()?;
         Ok(config)

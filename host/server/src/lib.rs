@@ -102,6 +102,20 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let Server { runtime, hub } = self;
+        if runtime.store.backend() == corral_store::StoreBackend::Sqlite {
+            // The embedded store has one owner at a time (an exclusive lock on its file), so
+            // every lease in it belongs to a dead process: take them over now instead of
+            // waiting for them to expire, marking what was in flight uncertain.
+            let reason =
+                "the process running the turn stopped before the effect's outcome was recorded";
+            match runtime.store.recover_in_flight_effects(reason, true).await {
+                Ok(changed) => runtime.metrics.effects("uncertain", changed),
+                Err(error) => {
+                    runtime.metrics.store_error("start_segment");
+                    tracing::warn!(%error, "taking over the embedded store's leases failed");
+                }
+            }
+        }
         let tasks = tokio_util::task::TaskTracker::new();
         tasks.spawn(
             scheduler::scheduler(Arc::clone(&runtime)).instrument(tracing::info_span!("scheduler")),
@@ -109,6 +123,9 @@ impl Server {
         tasks.spawn(
             scheduler::sweeper(Arc::clone(&runtime))
                 .instrument(tracing::info_span!("lease-sweeper")),
+        );
+        tasks.spawn(
+            scheduler::retention(Arc::clone(&runtime)).instrument(tracing::info_span!("retention")),
         );
         tasks.spawn(
             sse::fan_out(Arc::clone(&runtime), Arc::clone(&hub))

@@ -22,6 +22,22 @@ const OUTCOMES: &[&str] = &[
     "aborted",
 ];
 const EFFECTS: &[&str] = &["completed", "uncertain", "cancelled", "pending"];
+/// Background store operations whose failures are counted (each is also logged).
+const STORE_OPERATIONS: &[&str] = &[
+    "start_segment",
+    "finish_segment",
+    "expire_action_claims",
+    "apply_retention",
+];
+/// What retention removed.
+const PRUNED: &[&str] = &[
+    "closed",
+    "sessions",
+    "events",
+    "items",
+    "checkpoints",
+    "commands",
+];
 /// Upper bounds of the store latency histogram, in seconds.
 const BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -40,6 +56,9 @@ pub struct Metrics {
     store_buckets: [AtomicU64; 10],
     store_count: AtomicU64,
     store_micros: AtomicU64,
+    store_errors: [AtomicU64; 4],
+    pruned: [AtomicU64; 6],
+    retention_passes: AtomicU64,
 }
 
 fn bump(names: &[&str], counters: &[AtomicU64], name: &str, by: u64) {
@@ -77,6 +96,24 @@ impl Metrics {
     /// A slow SSE client was dropped.
     pub fn sse_dropped(&self) {
         self.sse_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A background store operation failed (logged where it happened).
+    pub fn store_error(&self, operation: &str) {
+        bump(STORE_OPERATIONS, &self.store_errors, operation, 1);
+    }
+    /// One retention pass removed `report`'s rows.
+    pub fn retention(&self, report: &corral_store::RetentionReport) {
+        self.retention_passes.fetch_add(1, Ordering::Relaxed);
+        for (name, count) in [
+            ("closed", report.sessions_closed),
+            ("sessions", report.sessions_deleted),
+            ("events", report.events_pruned),
+            ("items", report.items_pruned),
+            ("checkpoints", report.checkpoints_pruned),
+            ("commands", report.commands_pruned),
+        ] {
+            bump(PRUNED, &self.pruned, name, count);
+        }
     }
     /// Open SSE streams.
     pub fn open_streams(&self) -> i64 {
@@ -213,6 +250,43 @@ impl Metrics {
             load(&self.store_micros) as f64 / 1e6
         );
         let _ = writeln!(out, "corral_store_latency_seconds_count {count}");
+        family(
+            &mut out,
+            "corral_store_errors_total",
+            "counter",
+            "Background store operations that failed, by operation.",
+        );
+        for (name, counter) in STORE_OPERATIONS.iter().zip(&self.store_errors) {
+            let _ = writeln!(
+                out,
+                "corral_store_errors_total{{operation=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
+        family(
+            &mut out,
+            "corral_retention_passes_total",
+            "counter",
+            "Retention passes run.",
+        );
+        let _ = writeln!(
+            out,
+            "corral_retention_passes_total {}",
+            load(&self.retention_passes)
+        );
+        family(
+            &mut out,
+            "corral_retention_pruned_total",
+            "counter",
+            "Sessions closed (`closed`) and rows removed by retention, by kind.",
+        );
+        for (name, counter) in PRUNED.iter().zip(&self.pruned) {
+            let _ = writeln!(
+                out,
+                "corral_retention_pruned_total{{kind=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
         out
     }
 }

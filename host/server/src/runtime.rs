@@ -1,21 +1,19 @@
 //! The server's logic behind the handlers: sessions, commands and their status rules, views.
 //! The turn scheduler and the lease sweeper are in [`crate::scheduler`].
 //!
-//! Every command is one store commit guarded by the session version it was decided on (a
-//! concurrent change makes the commit fail and the command is decided again), carrying its
-//! idempotency record, so a replay returns the first response byte for byte.
-//!
-//! The session's `state` holds, under the key `"server"`, what the session view shows beside
-//! the store's columns: `{"waits": ..., "error": ...}`. Other keys belong to the turn engine.
+//! A command is authenticated and parsed here, then run as one store transaction
+//! ([`corral_store::Store::run_command`]): the session state machine's rules live in the store,
+//! written once, and its idempotency record makes a replay return the first response byte for
+//! byte.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub(crate) use corral_store::server_state;
 use corral_store::{
-    ActionFilter, ActionGuard, ActionStatus, ActionTransition, CheckpointWrite, CommitOutcome,
-    EffectStatus, EffectTransition, Entity, Event, NewAgent, NewCheckpoint, NewCommand, NewEvent,
-    NewSession, Session, SessionCommit, SessionFilter, SessionStatus, Store, StoreError,
+    ActionFilter, ActionStatus, CommandKind, EffectStatus, Entity, Event, NewAgent, NewSession,
+    Resolution, Session, SessionCommand, SessionFilter, Store, StoreError,
 };
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -27,17 +25,14 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::manifest::{Manifest, manifest_hash};
 use crate::metrics::Metrics;
-use crate::runner::{Decision, TurnCheckpoint, TurnRunner};
+use crate::runner::TurnRunner;
 use crate::wire::{
-    Accepted, ActionView, AgentPut, AgentView, Command, EventView, PutSession, SessionSummary,
-    SessionView, Status, UncertainEffect, rfc3339,
+    ActionView, AgentPut, AgentView, Command, EventView, PutSession, SessionSummary, SessionView,
+    Status, UncertainEffect, rfc3339,
 };
 
 pub use crate::tenancy::DEFAULT_TENANT;
 use crate::tenancy::{addressed_tenant, public_id, session_key};
-
-/// How many times a command is decided again after a concurrent change.
-const ATTEMPTS: usize = 16;
 
 /// The shared state of a running server.
 #[derive(Debug)]
@@ -57,13 +52,6 @@ pub struct Runtime {
     pub(crate) scheduler_up: AtomicBool,
     /// Turn segments and streams, awaited at shutdown.
     pub(crate) tasks: TaskTracker,
-}
-
-/// What a command decided: a commit to make, or an answer without one.
-enum Plan {
-    Commit(Box<SessionCommit>),
-    /// Record the command with this response and change nothing else.
-    Record(Value),
 }
 
 impl Runtime {
@@ -379,6 +367,8 @@ impl Runtime {
         result
     }
 
+    /// Authenticates, turns the wire command into the store's, and runs it as one store
+    /// transaction: the state machine's rules live in the store.
     async fn command_inner(
         &self,
         caller: &Caller,
@@ -387,117 +377,128 @@ impl Runtime {
         command: &Command,
         mut raw: Value,
     ) -> Result<Value, ApiError> {
-        // Authorization first: executors may only report action results, within their scope.
-        // The session's store key comes from the action for an executor (it is in no tenant),
-        // from the addressed tenant for an application.
-        let session_id = match command {
+        // Executors may only report action results; applications anything else. The session's
+        // store key comes from the action for an executor (it is in no tenant), from the
+        // addressed tenant for an application.
+        let (session_id, decided_by) = match command {
             Command::ActionResult { action_id, .. } => {
-                let scope = caller.executor()?;
+                caller.executor()?;
                 let action = self
                     .store
                     .get_action(action_id)
                     .await
                     .map_err(|e| ApiError::from_store("get action", e))?;
-                if action.agent_id != scope.agent_id
-                    || action.manifest_hash != scope.manifest_hash
-                    || action.implementation_version != scope.implementation_version
-                {
-                    return Err(ApiError::Forbidden(
-                        "the action is outside the executor token's scope".to_owned(),
-                    ));
-                }
                 if public_id(&action.session_id) != path_id {
                     return Err(ApiError::NotFound(
                         "action not found in this session".to_owned(),
                     ));
                 }
-                action.session_id
+                (action.session_id, None)
             }
             _ => {
                 let tenant = caller.application()?;
-                self.visible_session(tenant, asked, path_id).await?.id
+                let decided_by = match tenant {
+                    Some(tenant) => format!("tenant:{tenant}"),
+                    None => "operator".to_owned(),
+                };
+                let key = match addressed_tenant(tenant, asked) {
+                    Ok(tenant) => session_key(&tenant, path_id),
+                    Err(error) => return Err(error),
+                };
+                (key, Some(decided_by))
             }
         };
-        let session_id = session_id.as_str();
-        if command.idempotency_key().is_empty() {
-            return Err(ApiError::InvalidRequest(
-                "idempotencyKey must not be empty".to_owned(),
-            ));
-        }
         if let Some(object) = raw.as_object_mut() {
             object.remove("requestId");
         }
-        let semantic = raw;
-        let key = command.idempotency_key();
-        for attempt in 0..ATTEMPTS {
-            if let Some(record) = self
-                .store
-                .get_command(session_id, key)
-                .await
-                .map_err(|e| ApiError::from_store("get command", e))?
-            {
-                return replay(record.command == semantic, record.response);
-            }
-            let session = self
-                .timed(self.store.get_session(session_id))
-                .await
-                .map_err(|e| ApiError::from_store("get session", e))?;
-            let plan = self.plan(&session, command).await?;
-            let (mut commit, recorded) = match plan {
-                Plan::Record(response) => (SessionCommit::new(session_id), Some(response)),
-                Plan::Commit(commit) => (*commit, None),
-            };
-            let accepted = serde_json::to_value(Accepted {
-                status: "accepted".to_owned(),
-                turn_id: match command {
-                    Command::Message { .. } => commit.patch.active_turn_id.clone().flatten(),
-                    _ => session.active_turn_id.clone(),
+        let kind = match command {
+            Command::Message { content, .. } => CommandKind::Message {
+                turn_id: uuid::Uuid::new_v4().to_string(),
+                content: content.clone(),
+            },
+            Command::Approve {
+                interaction_id,
+                approved,
+                reason,
+                ..
+            } => CommandKind::Approve {
+                interaction_id: interaction_id.clone(),
+                approved: *approved,
+                reason: reason.clone(),
+            },
+            Command::Respond {
+                interaction_id,
+                value,
+                ..
+            } => CommandKind::Respond {
+                interaction_id: interaction_id.clone(),
+                value: value.clone(),
+            },
+            Command::Cancel { reason, .. } => CommandKind::Cancel {
+                reason: reason.clone(),
+            },
+            Command::ActionResult {
+                action_id,
+                claim_id,
+                generation,
+                outcome,
+                ..
+            } => CommandKind::ActionResult {
+                action_id: action_id.clone(),
+                claim_id: claim_id.clone(),
+                generation: *generation,
+                outcome: outcome.clone(),
+                scope: Some(caller.executor()?.clone()),
+            },
+            Command::Resolve {
+                effect_id,
+                retry,
+                outcome,
+                ..
+            } => CommandKind::Resolve {
+                effect_id: effect_id.clone(),
+                resolution: match (retry, outcome) {
+                    (Some(true), None) => Resolution::Retry,
+                    (None, Some(outcome)) => Resolution::Complete(outcome.clone()),
+                    _ => {
+                        return Err(ApiError::InvalidRequest(
+                            "resolve takes either \"retry\": true or an \"outcome\"".to_owned(),
+                        ));
+                    }
                 },
-                cursor: session.last_cursor + commit.events.len() as u64,
-                request_id: command.request_id().map(str::to_owned),
-            })
-            .map_err(|e| ApiError::internal("encode response", e))?;
-            let response = recorded.unwrap_or(accepted);
-            commit.expect_version = Some(session.version);
-            commit.command = Some(NewCommand::new(key, semantic.clone(), response));
-            let effects_uncertain = commit
-                .effects
-                .iter()
-                .filter(|t| t.to == EffectStatus::Uncertain)
-                .count();
-            match self.timed(self.store.commit(commit)).await {
-                Ok(CommitOutcome::Applied(receipt)) => {
-                    self.metrics.effects("uncertain", effects_uncertain);
-                    self.after_command(command, session_id);
-                    let record = receipt
-                        .command
-                        .ok_or_else(|| ApiError::internal("commit command", "no record"))?;
-                    return Ok(record.response);
-                }
-                Ok(CommitOutcome::Replayed(record)) => return Ok(record.response),
-                Ok(_) => return Err(ApiError::internal("commit command", "unknown outcome")),
-                Err(StoreError::Conflict {
-                    entity: Entity::Command,
+            },
+        };
+        let mut store_command =
+            SessionCommand::new(session_id, command.idempotency_key(), raw, kind);
+        store_command.request_id = command.request_id().map(str::to_owned);
+        store_command.decided_by = decided_by;
+        let session_id = store_command.session_id.clone();
+        let receipt = self
+            .timed(self.store.run_command(store_command))
+            .await
+            .map_err(|error| match error {
+                StoreError::NotFound {
+                    entity: Entity::Session,
                     ..
-                }) => return replay(false, Value::Null),
-                Err(StoreError::Conflict { .. }) if attempt + 1 < ATTEMPTS => continue,
-                Err(error) => return Err(ApiError::from_store("commit command", error)),
-            }
-        }
-        Err(ApiError::Conflict(
-            "the session kept changing; try the command again".to_owned(),
-        ))
-    }
-
-    fn after_command(&self, command: &Command, session_id: &str) {
-        match command {
-            Command::Cancel { .. } => {
-                if let Some(token) = self.running_token(session_id) {
-                    token.cancel();
+                } => ApiError::NotFound("session not found".to_owned()),
+                StoreError::NotFound { entity, .. } => {
+                    ApiError::NotFound(format!("{entity} not found in this session"))
                 }
+                StoreError::Forbidden { reason } => ApiError::Forbidden(reason),
+                other => ApiError::from_store("run command", other),
+            })?;
+        if !receipt.replayed {
+            self.metrics.effects("uncertain", receipt.effects_uncertain);
+            match command {
+                Command::Cancel { .. } => {
+                    if let Some(token) = self.running_token(&session_id) {
+                        token.cancel();
+                    }
+                }
+                _ => self.wake.notify_one(),
             }
-            _ => self.wake.notify_one(),
         }
+        Ok(receipt.response)
     }
 
     pub(crate) fn running_token(&self, session_id: &str) -> Option<CancellationToken> {
@@ -506,437 +507,6 @@ impl Runtime {
             .ok()
             .and_then(|running| running.get(session_id).cloned())
     }
-
-    async fn plan(&self, session: &Session, command: &Command) -> Result<Plan, ApiError> {
-        match command {
-            Command::Message { content, .. } => plan_message(session, content),
-            Command::Approve {
-                interaction_id,
-                approved,
-                reason,
-                ..
-            } => {
-                let decision = Decision {
-                    approved: *approved,
-                    reason: reason.clone(),
-                    value: None,
-                };
-                let data = json!({"interactionId": interaction_id, "approved": approved, "reason": reason});
-                self.plan_decision(
-                    session,
-                    interaction_id,
-                    "approval",
-                    "command.approve",
-                    decision,
-                    data,
-                )
-                .await
-            }
-            Command::Respond {
-                interaction_id,
-                value,
-                ..
-            } => {
-                let decision = Decision {
-                    approved: true,
-                    reason: None,
-                    value: Some(value.clone()),
-                };
-                let data = json!({"interactionId": interaction_id, "value": value});
-                self.plan_decision(
-                    session,
-                    interaction_id,
-                    "input",
-                    "command.respond",
-                    decision,
-                    data,
-                )
-                .await
-            }
-            Command::Cancel { reason, .. } => self.plan_cancel(session, reason.as_deref()).await,
-            Command::ActionResult {
-                action_id,
-                claim_id,
-                generation,
-                outcome,
-                request_id,
-                ..
-            } => {
-                self.plan_action_result(
-                    session,
-                    action_id,
-                    claim_id,
-                    *generation,
-                    outcome,
-                    request_id,
-                )
-                .await
-            }
-            Command::Resolve {
-                effect_id,
-                retry,
-                outcome,
-                ..
-            } => {
-                self.plan_resolve(session, effect_id, *retry, outcome.as_ref())
-                    .await
-            }
-        }
-    }
-
-    async fn plan_decision(
-        &self,
-        session: &Session,
-        interaction_id: &str,
-        kind: &str,
-        event_type: &str,
-        decision: Decision,
-        data: Value,
-    ) -> Result<Plan, ApiError> {
-        let not_awaiting = || {
-            ApiError::Conflict(format!(
-                "the session is not paused on {kind} interaction {interaction_id:?}"
-            ))
-        };
-        let Some(turn_id) = session.active_turn_id.clone() else {
-            return Err(not_awaiting());
-        };
-        if session.status != SessionStatus::Paused {
-            return Err(not_awaiting());
-        }
-        let live = self
-            .store
-            .live_checkpoint(&session.id)
-            .await
-            .map_err(|e| ApiError::from_store("read checkpoint", e))?
-            .filter(|c| c.turn_id == turn_id)
-            .ok_or_else(not_awaiting)?;
-        let mut checkpoint: TurnCheckpoint = serde_json::from_value(live.data)
-            .map_err(|e| ApiError::internal("decode checkpoint", e))?;
-        if !checkpoint
-            .pending
-            .iter()
-            .any(|i| i.interaction_id == interaction_id && i.kind == kind)
-        {
-            return Err(not_awaiting());
-        }
-        checkpoint.pending.clear();
-        checkpoint
-            .decisions
-            .insert(interaction_id.to_owned(), decision);
-        let data_cp = serde_json::to_value(&checkpoint)
-            .map_err(|e| ApiError::internal("encode checkpoint", e))?;
-        let mut commit = SessionCommit::new(&session.id);
-        commit.patch.status = Some(SessionStatus::Runnable);
-        commit.patch.state = Some(server_state(&session.state, Value::Null, Value::Null));
-        commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
-            &turn_id,
-            live.segment + 1,
-            data_cp,
-        )));
-        commit
-            .events
-            .push(NewEvent::new(event_type, data).in_turn(&turn_id));
-        Ok(Plan::Commit(Box::new(commit)))
-    }
-
-    async fn plan_cancel(&self, session: &Session, reason: Option<&str>) -> Result<Plan, ApiError> {
-        let mut commit = SessionCommit::new(&session.id);
-        if let Some(turn_id) = &session.active_turn_id {
-            let mut touched = BTreeSet::new();
-            let mut filter = ActionFilter::default();
-            filter.session_id = Some(session.id.clone());
-            filter.statuses = vec![ActionStatus::Pending, ActionStatus::Claimed];
-            let actions = self
-                .store
-                .list_actions(&filter)
-                .await
-                .map_err(|e| ApiError::from_store("list actions", e))?;
-            for action in actions.iter().filter(|a| &a.turn_id == turn_id) {
-                let (to, effect_to) = if action.status == ActionStatus::Claimed {
-                    // Claimed work may already have happened: keep it for reconciliation.
-                    (ActionStatus::Uncertain, EffectStatus::Uncertain)
-                } else {
-                    (ActionStatus::Cancelled, EffectStatus::Cancelled)
-                };
-                commit.actions.push(ActionTransition::new(
-                    &action.action_id,
-                    ActionGuard::Status(vec![action.status]),
-                    to,
-                ));
-                let mut transition = EffectTransition::new(
-                    &action.action_id,
-                    &[EffectStatus::Pending, EffectStatus::Invoking],
-                    effect_to,
-                );
-                if effect_to == EffectStatus::Uncertain {
-                    transition = transition
-                        .with_error("the turn was cancelled while an executor held the action");
-                }
-                commit.effects.push(transition);
-                touched.insert(action.action_id.clone());
-            }
-            let invoking = self
-                .store
-                .list_effects(&session.id, Some(EffectStatus::Invoking))
-                .await
-                .map_err(|e| ApiError::from_store("list effects", e))?;
-            for effect in invoking
-                .iter()
-                .filter(|e| &e.turn_id == turn_id && !touched.contains(&e.effect_id))
-            {
-                commit.effects.push(
-                    EffectTransition::new(
-                        &effect.effect_id,
-                        &[EffectStatus::Invoking],
-                        EffectStatus::Uncertain,
-                    )
-                    .with_error("the turn was cancelled before the effect's outcome was recorded"),
-                );
-            }
-        }
-        let mut event = NewEvent::new("turn.cancelled", json!({"reason": reason}));
-        if let Some(turn_id) = &session.active_turn_id {
-            event = event.in_turn(turn_id);
-        }
-        commit.events.push(event);
-        commit.patch.status = Some(SessionStatus::Cancelled);
-        commit.patch.active_turn_id = Some(None);
-        commit.patch.state = Some(server_state(&session.state, Value::Null, Value::Null));
-        commit.checkpoint = Some(CheckpointWrite::Clear);
-        Ok(Plan::Commit(Box::new(commit)))
-    }
-
-    async fn plan_action_result(
-        &self,
-        session: &Session,
-        action_id: &str,
-        claim_id: &str,
-        generation: u64,
-        outcome: &Value,
-        request_id: &Option<String>,
-    ) -> Result<Plan, ApiError> {
-        let action = self
-            .store
-            .get_action(action_id)
-            .await
-            .map_err(|e| ApiError::from_store("get action", e))?;
-        if action.status == ActionStatus::Completed {
-            let prior = action.result.clone().unwrap_or(Value::Null);
-            let same = prior.get("claimId").and_then(Value::as_str) == Some(claim_id)
-                && prior.get("generation").and_then(Value::as_u64) == Some(generation)
-                && prior.get("outcome") == Some(outcome);
-            let receipt = prior.get("receipt").cloned();
-            return match (same, receipt) {
-                // The same result again gets the first receipt (recorded under this key too).
-                (true, Some(receipt)) => Ok(Plan::Record(receipt)),
-                _ => Err(ApiError::Conflict(
-                    "the action already has a different result".to_owned(),
-                )),
-            };
-        }
-        if session.status == SessionStatus::Cancelled
-            || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
-        {
-            return Err(ApiError::Conflict(
-                "the action's turn is no longer active (cancelled or superseded)".to_owned(),
-            ));
-        }
-        if action.status != ActionStatus::Claimed
-            || action.claim_id.as_deref() != Some(claim_id)
-            || action.generation != generation
-        {
-            return Err(ApiError::Conflict(
-                "the claim is stale, expired or superseded".to_owned(),
-            ));
-        }
-        let cursor = session.last_cursor + 1;
-        let receipt = serde_json::to_value(Accepted {
-            status: "accepted".to_owned(),
-            turn_id: Some(action.turn_id.clone()),
-            cursor,
-            request_id: request_id.clone(),
-        })
-        .map_err(|e| ApiError::internal("encode receipt", e))?;
-        let mut commit = SessionCommit::new(&session.id);
-        commit.actions.push(
-            ActionTransition::new(
-                action_id,
-                ActionGuard::Claim {
-                    claim_id: claim_id.to_owned(),
-                    generation,
-                },
-                ActionStatus::Completed,
-            )
-            .with_result(json!({
-                "claimId": claim_id, "generation": generation, "outcome": outcome, "receipt": receipt,
-            })),
-        );
-        commit.effects.push(
-            EffectTransition::new(
-                action_id,
-                &[EffectStatus::Pending, EffectStatus::Invoking],
-                EffectStatus::Completed,
-            )
-            .with_result(outcome.clone()),
-        );
-        if matches!(
-            session.status,
-            SessionStatus::Waiting | SessionStatus::Running | SessionStatus::Runnable
-        ) {
-            // A result landing while the segment still runs leaves the runnable marker: the
-            // segment's own end keeps it and the turn runs again.
-            commit.patch.status = Some(SessionStatus::Runnable);
-            commit.patch.state = Some(server_state(&session.state, Value::Null, Value::Null));
-        }
-        commit.events.push(
-            NewEvent::new(
-                "action.completed",
-                json!({"actionId": action_id, "capabilityId": action.capability_id, "result": outcome}),
-            )
-            .in_turn(&action.turn_id),
-        );
-        Ok(Plan::Commit(Box::new(commit)))
-    }
-
-    async fn plan_resolve(
-        &self,
-        session: &Session,
-        effect_id: &str,
-        retry: Option<bool>,
-        outcome: Option<&Value>,
-    ) -> Result<Plan, ApiError> {
-        let retry = match (retry, outcome) {
-            (Some(true), None) => true,
-            (None, Some(_)) => false,
-            _ => {
-                return Err(ApiError::InvalidRequest(
-                    "resolve takes either \"retry\": true or an \"outcome\"".to_owned(),
-                ));
-            }
-        };
-        let effect = match self.store.get_effect(effect_id).await {
-            Ok(effect) if effect.session_id == session.id => effect,
-            Ok(_) | Err(StoreError::NotFound { .. }) => {
-                return Err(ApiError::NotFound(
-                    "effect not found in this session".to_owned(),
-                ));
-            }
-            Err(e) => return Err(ApiError::from_store("get effect", e)),
-        };
-        if effect.status != EffectStatus::Uncertain {
-            return Err(ApiError::Conflict(format!(
-                "the effect is {}, not uncertain",
-                effect.status
-            )));
-        }
-        if session.status == SessionStatus::Cancelled
-            || session.active_turn_id.as_deref() != Some(effect.turn_id.as_str())
-        {
-            return Err(ApiError::Conflict(
-                "the effect's turn is no longer active".to_owned(),
-            ));
-        }
-        let action = match self.store.get_action(effect_id).await {
-            Ok(action) => Some(action),
-            Err(StoreError::NotFound { .. }) => None,
-            Err(e) => return Err(ApiError::from_store("get action", e)),
-        };
-        let mut commit = SessionCommit::new(&session.id);
-        if retry {
-            commit.effects.push(EffectTransition::new(
-                effect_id,
-                &[EffectStatus::Uncertain],
-                EffectStatus::Pending,
-            ));
-            if let Some(action) = &action {
-                commit.actions.push(ActionTransition::new(
-                    &action.action_id,
-                    ActionGuard::Status(vec![ActionStatus::Uncertain]),
-                    ActionStatus::Pending,
-                ));
-            }
-        } else {
-            let outcome = outcome.cloned().unwrap_or(Value::Null);
-            commit.effects.push(
-                EffectTransition::new(
-                    effect_id,
-                    &[EffectStatus::Uncertain],
-                    EffectStatus::Completed,
-                )
-                .with_result(outcome.clone()),
-            );
-            if let Some(action) = &action {
-                commit.actions.push(
-                    ActionTransition::new(
-                        &action.action_id,
-                        ActionGuard::Status(vec![ActionStatus::Uncertain]),
-                        ActionStatus::Completed,
-                    )
-                    .with_result(json!({"outcome": outcome, "resolvedBy": "operator"})),
-                );
-            }
-        }
-        let others = self
-            .store
-            .list_effects(&session.id, Some(EffectStatus::Uncertain))
-            .await
-            .map_err(|e| ApiError::from_store("list effects", e))?
-            .into_iter()
-            .filter(|e| e.effect_id != effect_id && e.turn_id == effect.turn_id)
-            .count();
-        if others == 0 && session.status == SessionStatus::Uncertain {
-            commit.patch.status = Some(SessionStatus::Runnable);
-            commit.patch.state = Some(server_state(&session.state, Value::Null, Value::Null));
-        }
-        let mut data = json!({"effectId": effect_id, "retry": retry});
-        if let Some(outcome) = outcome {
-            data["outcome"] = outcome.clone();
-        }
-        commit
-            .events
-            .push(NewEvent::new("effect.resolved", data).in_turn(&effect.turn_id));
-        Ok(Plan::Commit(Box::new(commit)))
-    }
-}
-
-fn replay(same: bool, response: Value) -> Result<Value, ApiError> {
-    if same {
-        Ok(response)
-    } else {
-        Err(ApiError::Conflict(
-            "the idempotency key is already bound to a different command".to_owned(),
-        ))
-    }
-}
-
-fn plan_message(session: &Session, content: &str) -> Result<Plan, ApiError> {
-    if !matches!(
-        session.status,
-        SessionStatus::Idle
-            | SessionStatus::Completed
-            | SessionStatus::Failed
-            | SessionStatus::Cancelled
-    ) {
-        return Err(ApiError::Conflict(format!(
-            "the session is {} with unresolved work; a message needs it idle, completed, failed or cancelled",
-            Status::of(session.status).as_str()
-        )));
-    }
-    let turn_id = uuid::Uuid::new_v4().to_string();
-    let checkpoint = serde_json::to_value(TurnCheckpoint::new_turn(&turn_id, content))
-        .map_err(|e| ApiError::internal("encode checkpoint", e))?;
-    let mut commit = SessionCommit::new(&session.id);
-    commit.patch.status = Some(SessionStatus::Runnable);
-    commit.patch.active_turn_id = Some(Some(turn_id.clone()));
-    commit.patch.state = Some(server_state(&session.state, Value::Null, Value::Null));
-    commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
-        &turn_id, 0, checkpoint,
-    )));
-    commit
-        .events
-        .push(NewEvent::new("command.message", json!({"content": content})).in_turn(&turn_id));
-    Ok(Plan::Commit(Box::new(commit)))
 }
 
 impl Status {
@@ -954,13 +524,6 @@ impl Status {
             Status::Cancelled => "cancelled",
         }
     }
-}
-
-/// `state` with the server's part replaced.
-pub(crate) fn server_state(state: &Value, waits: Value, error: Value) -> Value {
-    let mut object = state.as_object().cloned().unwrap_or_default();
-    object.insert("server".to_owned(), json!({"waits": waits, "error": error}));
-    Value::Object(object)
 }
 
 /// The wire view of an action.

@@ -5,14 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use corral_store::{
-    CheckpointWrite, Lease, NewCheckpoint, NewEvent, NewItem, SessionCommit, SessionStatus,
-    StoreError,
-};
-use serde_json::{Value, json};
+use corral_store::{Segment, SegmentEnd, SegmentStart};
 
-use crate::runner::{TurnCheckpoint, TurnJob, TurnOutcome};
-use crate::runtime::{Runtime, server_state};
+use crate::runner::{TurnJob, TurnOutcome};
+use crate::runtime::Runtime;
 
 /// How often the scheduler looks for runnable sessions without being woken (other replicas'
 /// commands, leases that expired).
@@ -21,8 +17,6 @@ const POLL: Duration = Duration::from_millis(500);
 const SWEEP_MAX: Duration = Duration::from_secs(5);
 /// Segments run at once by one replica.
 const MAX_RUNNING: usize = 256;
-/// Tries to apply an outcome against concurrent changes.
-const ATTEMPTS: usize = 16;
 
 /// The scheduler task: claims runnable sessions until shutdown.
 pub(crate) async fn scheduler(runtime: Arc<Runtime>) {
@@ -45,56 +39,55 @@ async fn claim_all(runtime: &Arc<Runtime>) {
             return;
         }
         let lease = runtime.config().lease;
-        match runtime
-            .timed(
-                runtime
-                    .store
-                    .claim_runnable_session(&runtime.replica_id, lease),
-            )
-            .await
-        {
-            Ok(Some(lease)) => {
-                let token = runtime.shutdown.child_token();
-                if let Ok(mut running) = runtime.running.lock() {
-                    running.insert(lease.session_id.clone(), token.clone());
-                }
-                let task = Arc::clone(runtime);
-                runtime.tasks.spawn(async move {
-                    let session_id = lease.session_id.clone();
-                    run_segment(&task, lease, token).await;
-                    if let Ok(mut running) = task.running.lock() {
-                        running.remove(&session_id);
-                    }
-                    task.wake.notify_one();
-                });
+        let start = runtime
+            .timed(runtime.store.start_segment(&runtime.replica_id, lease))
+            .await;
+        let segment = match start {
+            Ok(SegmentStart::Run(segment)) => segment,
+            Ok(SegmentStart::Settled {
+                effects_uncertain, ..
+            }) => {
+                runtime.metrics.effects("uncertain", effects_uncertain);
+                continue;
             }
-            Ok(None) => return,
+            Ok(_) => return,
             Err(error) => {
-                tracing::warn!(%error, "claiming a runnable session failed");
+                // Not "nothing to run": counted, logged, and tried again at the next wake-up.
+                runtime.metrics.store_error("start_segment");
+                tracing::warn!(%error, "starting a turn segment failed");
                 return;
             }
+        };
+        runtime
+            .metrics
+            .effects("uncertain", segment.effects_uncertain);
+        let token = runtime.shutdown.child_token();
+        let session_id = segment.session.id.clone();
+        if let Ok(mut running) = runtime.running.lock() {
+            running.insert(session_id.clone(), token.clone());
         }
+        let task = Arc::clone(runtime);
+        runtime.tasks.spawn(async move {
+            run_segment(&task, *segment, token).await;
+            if let Ok(mut running) = task.running.lock() {
+                running.remove(&session_id);
+            }
+            task.wake.notify_one();
+        });
     }
 }
 
 /// Runs one segment of the leased session's turn and applies its outcome.
 async fn run_segment(
     runtime: &Arc<Runtime>,
-    lease: Lease,
+    segment: Segment,
     cancel: tokio_util::sync::CancellationToken,
 ) {
-    let fence = lease.fence();
+    let fence = segment.lease.fence();
     let store = Arc::clone(&runtime.store);
-    // Whatever was in flight when the previous holder stopped may or may not have happened.
-    let stopped = "the replica running the turn stopped before the effect's outcome was recorded";
-    if let Err(error) = in_flight_uncertain(runtime, &fence, stopped).await {
-        tracing::warn!(%error, session = %fence.session_id, "recovery of in-flight effects failed");
-        let _ = store.release_lease(&fence).await;
-        return;
-    }
     // Keep the lease while the segment runs; losing it stops the segment. A cancel command
-    // taken by another replica (on PostgreSQL) reaches this one through the change feed: the
-    // session's new events are checked, and a cancelled session stops the segment.
+    // taken by another replica (on PostgreSQL) reaches this one through the change feed: a
+    // `turn.cancelled` notice of this session stops the segment.
     let renewer = {
         let store = Arc::clone(&store);
         let fence = fence.clone();
@@ -116,19 +109,19 @@ async fn run_segment(
                         }
                     }
                     notice = feed.recv() => {
-                        let ours = match &notice {
-                            Ok(notice) => notice.session_id == fence.session_id,
-                            // Lagged: some notice may have been ours.
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                        let cancelled = match &notice {
+                            Ok(notice) => notice.session_id == fence.session_id && notice.cancelled,
+                            // Lagged: some notice may have been a cancel; the store says.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => store
+                                .get_session(&fence.session_id)
+                                .await
+                                .is_ok_and(|s| s.status == corral_store::SessionStatus::Cancelled),
                             Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                                 feed = store.subscribe_events();
                                 false
                             }
                         };
-                        if ours
-                            && let Ok(session) = store.get_session(&fence.session_id).await
-                            && session.status == corral_store::SessionStatus::Cancelled
-                        {
+                        if cancelled {
                             cancel.cancel();
                             return;
                         }
@@ -137,37 +130,52 @@ async fn run_segment(
             }
         })
     };
-    let outcome = prepare_and_run(runtime, &fence, &cancel).await;
-    if let Some((turn_id, segment, outcome)) = outcome {
-        runtime.metrics.turn(outcome_name(&outcome, &cancel));
-        if let Err(error) = apply_outcome(runtime, &fence, &turn_id, segment, outcome).await {
-            tracing::warn!(%error, session = %fence.session_id, "applying a turn outcome failed");
+    let turn_id = segment.turn_id.clone();
+    let number = segment.segment;
+    let job = TurnJob {
+        store: Arc::clone(&store),
+        session: segment.session,
+        fence: fence.clone(),
+        turn_id: segment.turn_id,
+        segment: segment.segment,
+        checkpoint: segment.checkpoint,
+        cancel: cancel.clone(),
+    };
+    let runner = Arc::clone(&runtime.runner);
+    let outcome = match tokio::spawn(async move { runner.run(job).await }).await {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            tracing::error!(%error, session = %fence.session_id, "the turn engine panicked");
+            TurnOutcome::Failed {
+                code: "internal_error".to_owned(),
+                message: "the turn engine failed".to_owned(),
+            }
         }
-    }
-    if runtime.shutdown.is_cancelled() {
-        // Aborted by the shutdown: what the segment had in flight may or may not happen. Say so
-        // now, under the lease, rather than when the next start claims the session.
-        let shut_down = "the server shut down before the effect's outcome was recorded";
-        if let Err(error) = in_flight_uncertain(runtime, &fence, shut_down).await {
-            tracing::warn!(%error, session = %fence.session_id, "marking in-flight effects at shutdown failed");
-        }
-    }
+    };
+    runtime.metrics.turn(outcome_name(&outcome, &cancel));
+    // Aborted by the shutdown: what the segment had in flight may or may not happen. Said now,
+    // under the lease, rather than when the next start claims the session.
+    let shut_down = runtime
+        .shutdown
+        .is_cancelled()
+        .then_some("the server shut down before the effect's outcome was recorded");
     renewer.abort();
-    let _ = store.release_lease(&fence).await;
-}
-
-/// Marks the session's in-flight effects uncertain for `reason`, and counts them.
-async fn in_flight_uncertain(
-    runtime: &Runtime,
-    fence: &corral_store::Fence,
-    reason: &str,
-) -> Result<(), corral_store::StoreError> {
-    let changed = runtime
-        .store
-        .mark_in_flight_effects_uncertain(fence, reason)
-        .await?;
-    runtime.metrics.effects("uncertain", changed.len());
-    Ok(())
+    match runtime
+        .timed(store.finish_segment(&fence, &turn_id, number, outcome, shut_down))
+        .await
+    {
+        Ok((end, uncertain)) => {
+            runtime.metrics.effects("uncertain", uncertain);
+            if end == SegmentEnd::RunAgain {
+                runtime.wake.notify_one();
+            }
+        }
+        Err(error) => {
+            // The lease runs out and another start takes the session over.
+            runtime.metrics.store_error("finish_segment");
+            tracing::warn!(%error, session = %fence.session_id, "finishing a turn segment failed");
+        }
+    }
 }
 
 fn outcome_name(
@@ -185,189 +193,6 @@ fn outcome_name(
     }
 }
 
-/// Marks the session running and runs the segment; `None` when there is nothing to run.
-async fn prepare_and_run(
-    runtime: &Arc<Runtime>,
-    fence: &corral_store::Fence,
-    cancel: &tokio_util::sync::CancellationToken,
-) -> Option<(String, u64, TurnOutcome)> {
-    let store = &runtime.store;
-    for _ in 0..ATTEMPTS {
-        let session = store.get_session(&fence.session_id).await.ok()?;
-        if !matches!(
-            session.status,
-            SessionStatus::Runnable | SessionStatus::Running
-        ) {
-            return None;
-        }
-        let live = store.live_checkpoint(&session.id).await.ok()?;
-        let (turn_id, live) = match (&session.active_turn_id, live) {
-            (Some(turn), Some(live)) if &live.turn_id == turn => (turn.clone(), live),
-            _ => {
-                // Runnable without a turn to run: fail it rather than claim it forever.
-                let mut commit = SessionCommit::new(&session.id);
-                commit.fence = Some(fence.clone());
-                commit.expect_version = Some(session.version);
-                commit.patch.status = Some(SessionStatus::Failed);
-                commit.patch.active_turn_id = Some(None);
-                let error = json!({"code": "no_checkpoint", "message": "the turn has no checkpoint to run from"});
-                commit.patch.state = Some(server_state(&session.state, Value::Null, error.clone()));
-                let mut event = NewEvent::new("turn.failed", json!({"error": error}));
-                if let Some(turn) = &session.active_turn_id {
-                    event = event.in_turn(turn);
-                }
-                commit.events.push(event);
-                let _ = store.commit(commit).await;
-                return None;
-            }
-        };
-        let checkpoint: TurnCheckpoint = match serde_json::from_value(live.data) {
-            Ok(checkpoint) => checkpoint,
-            Err(error) => {
-                tracing::error!(%error, session = %session.id, "unreadable checkpoint");
-                return Some((
-                    turn_id,
-                    live.segment,
-                    TurnOutcome::Failed {
-                        code: "bad_checkpoint".to_owned(),
-                        message: "the turn's checkpoint cannot be read".to_owned(),
-                    },
-                ));
-            }
-        };
-        if session.status != SessionStatus::Running {
-            let mut commit = SessionCommit::new(&session.id);
-            commit.fence = Some(fence.clone());
-            commit.expect_version = Some(session.version);
-            commit.patch.status = Some(SessionStatus::Running);
-            match store.commit(commit).await {
-                Ok(_) => {}
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(_) => return None,
-            }
-        }
-        let mut session = session;
-        session.status = SessionStatus::Running;
-        let job = TurnJob {
-            store: Arc::clone(store),
-            session,
-            fence: fence.clone(),
-            turn_id: turn_id.clone(),
-            segment: live.segment,
-            checkpoint,
-            cancel: cancel.clone(),
-        };
-        let runner = Arc::clone(&runtime.runner);
-        let outcome = match tokio::spawn(async move { runner.run(job).await }).await {
-            Ok(outcome) => outcome,
-            Err(error) => {
-                tracing::error!(%error, session = %fence.session_id, "the turn engine panicked");
-                TurnOutcome::Failed {
-                    code: "internal_error".to_owned(),
-                    message: "the turn engine failed".to_owned(),
-                }
-            }
-        };
-        return Some((turn_id, live.segment, outcome));
-    }
-    None
-}
-
-/// Applies a segment's outcome in one commit guarded by the fence, the session version and
-/// the active turn (a cancelled or superseded turn changes nothing).
-async fn apply_outcome(
-    runtime: &Arc<Runtime>,
-    fence: &corral_store::Fence,
-    turn_id: &str,
-    segment: u64,
-    outcome: TurnOutcome,
-) -> Result<(), StoreError> {
-    let store = &runtime.store;
-    for _ in 0..ATTEMPTS {
-        let session = store.get_session(&fence.session_id).await?;
-        if session.status == SessionStatus::Cancelled
-            || session.active_turn_id.as_deref() != Some(turn_id)
-        {
-            return Ok(());
-        }
-        let mut commit = SessionCommit::new(&session.id);
-        commit.fence = Some(fence.clone());
-        commit.expect_version = Some(session.version);
-        let state = |waits: Value, error: Value| server_state(&session.state, waits, error);
-        match &outcome {
-            TurnOutcome::Completed { output, items } => {
-                commit.items = items
-                    .iter()
-                    .map(|item| NewItem::new(item.clone()).in_turn(turn_id))
-                    .collect();
-                commit.patch.status = Some(SessionStatus::Completed);
-                commit.patch.active_turn_id = Some(None);
-                commit.patch.state = Some(state(Value::Null, Value::Null));
-                commit.checkpoint = Some(CheckpointWrite::Clear);
-                commit.events.push(
-                    NewEvent::new("turn.completed", json!({"output": output})).in_turn(turn_id),
-                );
-            }
-            TurnOutcome::Paused { checkpoint } => {
-                let interactions = serde_json::to_value(&checkpoint.pending).unwrap_or(Value::Null);
-                let data = serde_json::to_value(checkpoint).unwrap_or(Value::Null);
-                commit.patch.status = Some(SessionStatus::Paused);
-                commit.patch.state = Some(state(interactions.clone(), Value::Null));
-                commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
-                    turn_id, segment, data,
-                )));
-                commit.events.push(
-                    NewEvent::new("turn.paused", json!({"interactions": interactions}))
-                        .in_turn(turn_id),
-                );
-            }
-            TurnOutcome::Waiting { effect_ids } => {
-                let waits = json!({"effectIds": effect_ids});
-                match session.status {
-                    // A result arrived while the segment ran: run again.
-                    SessionStatus::Runnable => {
-                        runtime.wake.notify_one();
-                        return Ok(());
-                    }
-                    SessionStatus::Uncertain => {
-                        commit.patch.state = Some(state(waits, Value::Null));
-                    }
-                    _ => {
-                        commit.patch.status = Some(SessionStatus::Waiting);
-                        commit.patch.state = Some(state(waits.clone(), Value::Null));
-                        commit
-                            .events
-                            .push(NewEvent::new("turn.waiting", waits).in_turn(turn_id));
-                    }
-                }
-            }
-            TurnOutcome::Uncertain { effect_ids } => {
-                commit.patch.status = Some(SessionStatus::Uncertain);
-                commit.patch.state = Some(state(json!({"effectIds": effect_ids}), Value::Null));
-            }
-            TurnOutcome::Failed { code, message } => {
-                let error = json!({"code": code, "message": message});
-                commit.patch.status = Some(SessionStatus::Failed);
-                commit.patch.active_turn_id = Some(None);
-                commit.patch.state = Some(state(Value::Null, error.clone()));
-                commit.checkpoint = Some(CheckpointWrite::Clear);
-                commit
-                    .events
-                    .push(NewEvent::new("turn.failed", json!({"error": error})).in_turn(turn_id));
-            }
-            // A cancel command already wrote everything; a shutdown leaves the session running,
-            // to be recovered at the next start.
-            TurnOutcome::Cancelled => return Ok(()),
-        }
-        match runtime.timed(store.commit(commit)).await {
-            Ok(_) => return Ok(()),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(())
-}
-
 /// The lease sweeper: every `min(lease, 5 s)`, expired executor claims become uncertain.
 pub(crate) async fn sweeper(runtime: Arc<Runtime>) {
     let period = runtime.config().lease.min(SWEEP_MAX);
@@ -377,7 +202,10 @@ pub(crate) async fn sweeper(runtime: Arc<Runtime>) {
                 runtime.metrics.lease_expiries(expired.len());
                 runtime.metrics.effects("uncertain", expired.len());
             }
-            Err(error) => tracing::warn!(%error, "expiring executor claims failed"),
+            Err(error) => {
+                runtime.metrics.store_error("expire_action_claims");
+                tracing::warn!(%error, "expiring executor claims failed");
+            }
         }
         tokio::select! {
             () = runtime.shutdown.cancelled() => return,
@@ -385,3 +213,40 @@ pub(crate) async fn sweeper(runtime: Arc<Runtime>) {
         }
     }
 }
+
+/// The retention task: every `[retention] intervalMs`, one pass of the configured policy (each
+/// pass bounded in rows; a full batch runs again at once), counted in `/metrics`.
+pub(crate) async fn retention(runtime: Arc<Runtime>) {
+    let retention = runtime.config().retention.clone();
+    loop {
+        tokio::select! {
+            () = runtime.shutdown.cancelled() => return,
+            () = tokio::time::sleep(retention.interval) => {}
+        }
+        retention_pass(&runtime, &retention.policy).await;
+    }
+}
+
+/// Runs retention passes until one removes less than a full batch of sessions.
+pub(crate) async fn retention_pass(runtime: &Runtime, policy: &corral_store::RetentionPolicy) {
+    loop {
+        match runtime.store.apply_retention(policy).await {
+            Ok(report) => {
+                runtime.metrics.retention(&report);
+                let full = report.sessions_deleted >= RETENTION_BATCH
+                    || report.sessions_closed >= RETENTION_BATCH;
+                if !full || runtime.shutdown.is_cancelled() {
+                    return;
+                }
+            }
+            Err(error) => {
+                runtime.metrics.store_error("apply_retention");
+                tracing::warn!(%error, "a retention pass failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Sessions one retention pass handles at most per step (the store's batch).
+const RETENTION_BATCH: u64 = 500;

@@ -93,8 +93,8 @@ impl TurnRunner for ScriptRunner {
             let step = match *word {
                 "tool" => self.tool(&job, &id).await,
                 "action" => action(&job, &id).await,
-                "pause" => interaction(&job, &id, "approval"),
-                "input" => interaction(&job, &id, "input"),
+                "pause" => interaction(&job, &id, "approval").await,
+                "input" => interaction(&job, &id, "input").await,
                 "slow" => sleep(&job, Duration::from_millis(300)).await,
                 "fail" => Step::End(failed("scripted_failure", "the script asked to fail")),
                 "panic" => panic!("the script asked the runner to panic"),
@@ -242,7 +242,9 @@ async fn action(job: &TurnJob, id: &str) -> Step {
     }
 }
 
-fn interaction(job: &TurnJob, id: &str, kind: &str) -> Step {
+/// Pauses on an interaction: the checkpoint with it pending is written under the fence first,
+/// as every turn engine must before it reports a pause.
+async fn interaction(job: &TurnJob, id: &str, kind: &str) -> Step {
     if job.checkpoint.decisions.contains_key(id) {
         return Step::Next;
     }
@@ -257,6 +259,18 @@ fn interaction(job: &TurnJob, id: &str, kind: &str) -> Step {
         arguments,
         arguments_sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
     }];
+    let data = match serde_json::to_value(&checkpoint) {
+        Ok(data) => data,
+        Err(error) => return Step::End(failed("internal_error", error.to_string())),
+    };
+    let mut commit = corral_store::SessionCommit::new(&job.session.id);
+    commit.fence = Some(job.fence.clone());
+    commit.checkpoint = Some(corral_store::CheckpointWrite::Put(
+        corral_store::NewCheckpoint::new(&job.turn_id, job.segment, data),
+    ));
+    if let Err(error) = job.store.commit(commit).await {
+        return store_failure(error);
+    }
     Step::End(TurnOutcome::Paused { checkpoint })
 }
 

@@ -892,7 +892,10 @@ async fn cancel_aborts_the_turn_and_restores_the_state_before_it() {
     let events = h.events("s1").await;
     let last = events.last().expect("events");
     assert_eq!(last["type"], "turn.cancelled");
-    assert_eq!(last["data"], json!({"reason": "changed my mind"}));
+    assert_eq!(
+        last["data"],
+        json!({"reason": "changed my mind", "decidedBy": "operator"})
+    );
     assert!(
         !events
             .iter()

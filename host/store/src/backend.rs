@@ -12,12 +12,14 @@ use tokio::sync::broadcast;
 use crate::engine::{self, Tx};
 use crate::error::StoreError;
 use crate::feed::{EventNotice, Feed, WorkNotice};
+use crate::machine::{
+    self, CommandReceipt, SegmentEnd, SegmentOutcome, SegmentStart, SessionCommand,
+};
 use crate::model::{
-    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint,
-    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CompleteAction, CreatedSession,
-    Effect, EffectStatus, Event, ExecutorScope, Fence, HeartbeatAction, ItemPage, Lease, NewAgent,
-    NewEvent, NewSession, ResolveEffect, RetentionPolicy, RetentionReport, Session, SessionCommit,
-    SessionFilter, StoreBackend,
+    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
+    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
+    Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, StoreBackend,
 };
 use crate::store::Store;
 
@@ -213,18 +215,6 @@ impl<B: Backend> Store for B {
         ))
     }
 
-    async fn mark_in_flight_effects_uncertain(
-        &self,
-        fence: &Fence,
-        reason: &str,
-    ) -> Result<Vec<Effect>, StoreError> {
-        let fence = fence.clone();
-        let reason = reason.to_owned();
-        run!(self, "mark_in_flight_effects_uncertain", true, |tx| {
-            engine::mark_in_flight_effects_uncertain(tx, fence, &reason)
-        })
-    }
-
     async fn get_action(&self, action_id: &str) -> Result<Action, StoreError> {
         let action_id = action_id.to_owned();
         run!(self, "get_action", false, |tx| engine::get_action(
@@ -305,33 +295,50 @@ impl<B: Backend> Store for B {
         ))
     }
 
-    async fn cancel_turn(&self, cancel: CancelTurn) -> Result<CommitOutcome, StoreError> {
-        run!(self, "cancel_turn", true, |tx| engine::cancel_turn(
-            tx, cancel
-        ))
-    }
-
-    async fn complete_action(&self, done: CompleteAction) -> Result<CommitOutcome, StoreError> {
-        run!(self, "complete_action", true, |tx| engine::complete_action(
-            tx, done
-        ))
-    }
-
-    async fn resolve_effect(&self, resolve: ResolveEffect) -> Result<CommitOutcome, StoreError> {
-        run!(self, "resolve_effect", true, |tx| engine::resolve_effect(
-            tx, resolve
-        ))
-    }
-
     async fn recover_in_flight_effects(
         &self,
         reason: &str,
         leased_too: bool,
-    ) -> Result<Vec<Effect>, StoreError> {
+    ) -> Result<usize, StoreError> {
         let reason = reason.to_owned();
         run!(self, "recover_in_flight_effects", true, |tx| {
             engine::recover_in_flight_effects(tx, &reason, leased_too)
         })
+    }
+
+    async fn run_command(&self, command: SessionCommand) -> Result<CommandReceipt, StoreError> {
+        run!(self, "run_command", true, |tx| machine::run_command(
+            tx, command
+        ))
+    }
+
+    async fn start_segment(
+        &self,
+        replica_id: &str,
+        lease: Duration,
+    ) -> Result<SegmentStart, StoreError> {
+        let replica_id = replica_id.to_owned();
+        run!(self, "start_segment", true, |tx| machine::start_segment(
+            tx,
+            &replica_id,
+            lease
+        ))
+    }
+
+    async fn finish_segment(
+        &self,
+        fence: &Fence,
+        turn_id: &str,
+        segment: u64,
+        outcome: SegmentOutcome,
+        in_flight_reason: Option<&str>,
+    ) -> Result<(SegmentEnd, usize), StoreError> {
+        let fence = fence.clone();
+        let turn_id = turn_id.to_owned();
+        let reason = in_flight_reason.map(str::to_owned);
+        run!(self, "finish_segment", true, |tx| machine::finish_segment(
+            tx, fence, turn_id, segment, outcome, reason
+        ))
     }
 
     async fn page_sessions(
@@ -348,52 +355,5 @@ impl<B: Backend> Store for B {
             after.as_deref(),
             limit
         ))
-    }
-
-    async fn page_actions(
-        &self,
-        filter: &ActionFilter,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Action>, StoreError> {
-        let filter = filter.clone();
-        let after = after.map(str::to_owned);
-        run!(self, "page_actions", false, |tx| engine::page_actions(
-            tx,
-            &filter,
-            after.as_deref(),
-            limit
-        ))
-    }
-
-    async fn page_effects(
-        &self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Effect>, StoreError> {
-        let session_id = session_id.to_owned();
-        let after = after.map(str::to_owned);
-        run!(self, "page_effects", false, |tx| engine::page_effects(
-            tx,
-            &session_id,
-            status,
-            after.as_deref(),
-            limit
-        ))
-    }
-
-    async fn claim_next_action(
-        &self,
-        scope: &ExecutorScope,
-        claim_id: &str,
-        lease: Duration,
-    ) -> Result<Option<ClaimedAction>, StoreError> {
-        let scope = scope.clone();
-        let claim_id = claim_id.to_owned();
-        run!(self, "claim_next_action", true, |tx| {
-            engine::claim_next_action(tx, scope, claim_id, lease)
-        })
     }
 }

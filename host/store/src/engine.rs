@@ -16,13 +16,12 @@ use serde_json::{Value, json};
 use crate::error::{Entity, StaleReason, StoreError};
 use crate::feed::Notice;
 use crate::model::{
-    Action, ActionFilter, ActionGuard, ActionStatus, ActionTransition, AgentDefinition,
-    BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint, CheckpointWrite, ClaimAction,
-    ClaimedAction, CommandRecord, CommitOutcome, CommitReceipt, CompleteAction, CreatedSession,
-    Effect, EffectStatus, EffectTransition, Event, ExecutorScope, Fence, HeartbeatAction, Item,
-    ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewCommand, NewEvent, NewSession,
-    Resolution, ResolveEffect, RetentionPolicy, RetentionReport, Session, SessionCommit,
-    SessionFilter, SessionOwner, SessionStatus, Timestamp,
+    Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
+    BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
+    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
+    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewEvent,
+    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter,
+    SessionOwner, SessionStatus, Timestamp,
 };
 
 /// Row-level operations inside one open transaction.
@@ -147,27 +146,6 @@ pub(crate) trait Tx: Send {
         after: &str,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
-    /// Up to `limit` actions matching `filter` with an id greater than `after`, by id.
-    fn actions_page(
-        &mut self,
-        filter: &ActionFilter,
-        after: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Action>, StoreError>> + Send;
-    /// Up to `limit` effects of a session (in `status`) with an id greater than `after`, by id.
-    fn effects_page(
-        &mut self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-        after: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send;
-    /// The oldest pending action in `scope` whose session is on its turn, locking that
-    /// session's row and skipping sessions other transactions hold.
-    fn next_claimable_action(
-        &mut self,
-        scope: &ExecutorScope,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
     /// Claimed actions whose lease ended at or before `now` (read without locks).
     fn expired_claims(
         &mut self,
@@ -184,6 +162,13 @@ pub(crate) trait Tx: Send {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Ids and tenants of sessions closed at or before `cutoff`, of one tenant or all.
     fn closed_sessions(
+        &mut self,
+        tenant_id: Option<&str>,
+        cutoff: Timestamp,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+    /// Ids and tenants of settled sessions (idle, completed, failed, cancelled) last changed at
+    /// or before `cutoff`, of one tenant or all (at most [`BATCH`]).
+    fn settled_sessions(
         &mut self,
         tenant_id: Option<&str>,
         cutoff: Timestamp,
@@ -242,20 +227,24 @@ fn require_page(limit: usize) -> Result<i64, StoreError> {
     db_int("limit", limit as u64)
 }
 
-async fn locked_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
+pub(crate) async fn locked_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
     tx.session(id, true)
         .await?
         .ok_or_else(|| StoreError::not_found(Entity::Session, id))
 }
 
-async fn existing_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
+pub(crate) async fn existing_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
     tx.session(id, false)
         .await?
         .ok_or_else(|| StoreError::not_found(Entity::Session, id))
 }
 
 /// Accepts `fence` only if it is the session's current, unexpired lease.
-fn check_fence(session: &Session, fence: &Fence, now: Timestamp) -> Result<(), StoreError> {
+pub(crate) fn check_fence(
+    session: &Session,
+    fence: &Fence,
+    now: Timestamp,
+) -> Result<(), StoreError> {
     if fence.session_id != session.id {
         return Err(StoreError::invalid(
             "fence",
@@ -297,7 +286,7 @@ fn check_turn(session: &Session, expect: Option<&Option<String>>) -> Result<(), 
 }
 
 /// Accepts an executor's claim only if it is the action's current, unexpired claim.
-fn check_claim(
+pub(crate) fn check_claim(
     action: &Action,
     claim_id: &str,
     generation: u64,
@@ -322,7 +311,11 @@ fn check_claim(
     Ok(())
 }
 
-fn append_events(session: &mut Session, events: Vec<NewEvent>, now: Timestamp) -> Vec<Event> {
+pub(crate) fn append_events(
+    session: &mut Session,
+    events: Vec<NewEvent>,
+    now: Timestamp,
+) -> Vec<Event> {
     events
         .into_iter()
         .map(|event| {
@@ -339,7 +332,7 @@ fn append_events(session: &mut Session, events: Vec<NewEvent>, now: Timestamp) -
         .collect()
 }
 
-async fn insert_events<T: Tx>(tx: &mut T, events: &[Event]) -> Result<(), StoreError> {
+pub(crate) async fn insert_events<T: Tx>(tx: &mut T, events: &[Event]) -> Result<(), StoreError> {
     for event in events {
         tx.insert_event(event).await?;
     }
@@ -348,6 +341,7 @@ async fn insert_events<T: Tx>(tx: &mut T, events: &[Event]) -> Result<(), StoreE
             session_id: first.session_id.clone(),
             first: first.cursor,
             last: last.cursor,
+            cancelled: events.iter().any(|e| e.event_type == "turn.cancelled"),
         });
     }
     Ok(())
@@ -361,7 +355,7 @@ fn announce_work<T: Tx>(tx: &mut T, action_id: &str) {
 }
 
 /// Bumps the version and writes the session row: every data change ends here.
-async fn save_session<T: Tx>(
+pub(crate) async fn save_session<T: Tx>(
     tx: &mut T,
     session: &mut Session,
     now: Timestamp,
@@ -476,6 +470,18 @@ pub(crate) async fn commit<T: Tx>(
     tx: &mut T,
     commit: SessionCommit,
 ) -> Result<CommitOutcome, StoreError> {
+    let session = tx.session(&commit.session_id, true).await?;
+    commit_on(tx, session, commit, true).await
+}
+
+/// [`commit`] on the session as the caller locked it (`None`: it does not exist); with
+/// `check_replay` false the caller has already looked up the command's idempotency key.
+pub(crate) async fn commit_on<T: Tx>(
+    tx: &mut T,
+    session: Option<Session>,
+    commit: SessionCommit,
+    check_replay: bool,
+) -> Result<CommitOutcome, StoreError> {
     let SessionCommit {
         session_id,
         fence,
@@ -500,10 +506,8 @@ pub(crate) async fn commit<T: Tx>(
         }
         _ => None,
     };
-    // The session lock comes before the idempotency check so that two concurrent commits of
-    // one command are serialized and the second one sees the first one's record.
-    let session = tx.session(&session_id, true).await?;
     if let Some(command) = &command
+        && check_replay
         && let Some(record) = tx.command(&session_id, &command.idempotency_key).await?
     {
         if record.command == command.command {
@@ -600,6 +604,10 @@ pub(crate) async fn commit<T: Tx>(
         action.status = transition.to;
         if transition.result.is_some() {
             action.result = transition.result;
+        }
+        if transition.clear_claim {
+            action.claim_id = None;
+            action.lease_expires_at = None;
         }
         action.updated_at = now;
         tx.update_action(&action).await?;
@@ -870,20 +878,19 @@ pub(crate) async fn list_effects<T: Tx>(
     tx.session_effects(session_id, status).await
 }
 
-pub(crate) async fn mark_in_flight_effects_uncertain<T: Tx>(
+/// Every effect of `session` still [`EffectStatus::Invoking`] becomes uncertain with `reason`;
+/// for those of its active, uncancelled turn the session becomes uncertain and an
+/// `effect.uncertain` event is appended (the caller saves the session). Returns how many
+/// effects changed.
+pub(crate) async fn in_flight_uncertain<T: Tx>(
     tx: &mut T,
-    fence: Fence,
+    session: &mut Session,
     reason: &str,
-) -> Result<Vec<Effect>, StoreError> {
-    let mut session = locked_session(tx, &fence.session_id).await?;
-    let now = tx.now().await?;
-    check_fence(&session, &fence, now)?;
+    now: Timestamp,
+) -> Result<usize, StoreError> {
     let mut changed = tx
         .session_effects(&session.id, Some(EffectStatus::Invoking))
         .await?;
-    if changed.is_empty() {
-        return Ok(changed);
-    }
     let mut events = Vec::new();
     for effect in &mut changed {
         effect.status = EffectStatus::Uncertain;
@@ -909,10 +916,9 @@ pub(crate) async fn mark_in_flight_effects_uncertain<T: Tx>(
     if !events.is_empty() {
         session.status = SessionStatus::Uncertain;
     }
-    let events = append_events(&mut session, events, now);
+    let events = append_events(session, events, now);
     insert_events(tx, &events).await?;
-    save_session(tx, &mut session, now).await?;
-    Ok(changed)
+    Ok(changed.len())
 }
 
 pub(crate) async fn get_action<T: Tx>(tx: &mut T, id: &str) -> Result<Action, StoreError> {
@@ -1114,7 +1120,7 @@ pub(crate) async fn expire_action_claims<T: Tx>(tx: &mut T) -> Result<Vec<Action
     Ok(expired)
 }
 
-fn grant(session: &Session) -> Result<Lease, StoreError> {
+pub(crate) fn grant(session: &Session) -> Result<Lease, StoreError> {
     let owner = session.owner.as_ref().ok_or_else(|| {
         StoreError::corrupt(Entity::Session, &session.id, "a granted lease has no owner")
     })?;
@@ -1124,6 +1130,26 @@ fn grant(session: &Session) -> Result<Lease, StoreError> {
         generation: session.generation,
         expires_at: owner.lease_expires_at,
     })
+}
+
+/// Makes `replica_id` the session's owner under a new lease with the next fencing generation
+/// (in memory: the caller writes the session).
+pub(crate) fn take_ownership(
+    session: &mut Session,
+    replica_id: &str,
+    lease: Duration,
+    now: Timestamp,
+) {
+    session.generation += 1;
+    session.owner = Some(SessionOwner {
+        replica_id: replica_id.to_owned(),
+        lease_expires_at: now.saturating_add(lease),
+    });
+}
+
+pub(crate) fn require_replica(replica_id: &str, lease: Duration) -> Result<(), StoreError> {
+    require_id("replica id", replica_id)?;
+    require_lease(lease)
 }
 
 pub(crate) async fn claim_runnable_session<T: Tx>(
@@ -1137,11 +1163,7 @@ pub(crate) async fn claim_runnable_session<T: Tx>(
     let Some(mut session) = tx.next_claimable_session(now).await? else {
         return Ok(None);
     };
-    session.generation += 1;
-    session.owner = Some(SessionOwner {
-        replica_id: replica_id.to_owned(),
-        lease_expires_at: now.saturating_add(lease),
-    });
+    take_ownership(&mut session, replica_id, lease, now);
     // Ownership is not session data: the version stays, so a commit prepared before the
     // takeover still fails on the fence rather than on the version.
     tx.update_session(&session).await?;
@@ -1211,6 +1233,42 @@ pub(crate) async fn apply_retention<T: Tx>(
     policy: &RetentionPolicy,
 ) -> Result<RetentionReport, StoreError> {
     let now = tx.now().await?;
+    let mut report = RetentionReport::default();
+    let mut idle = Vec::new();
+    for (tenant, ttl) in &policy.tenant_settled_session_ttl {
+        let cutoff = now.saturating_sub(*ttl);
+        for (id, _) in tx.settled_sessions(Some(tenant), cutoff).await? {
+            idle.push((id, cutoff));
+        }
+    }
+    if let Some(ttl) = policy.settled_session_ttl {
+        let cutoff = now.saturating_sub(ttl);
+        for (id, tenant) in tx.settled_sessions(None, cutoff).await? {
+            if !policy.tenant_settled_session_ttl.contains_key(&tenant) {
+                idle.push((id, cutoff));
+            }
+        }
+    }
+    idle.sort();
+    for (id, cutoff) in idle {
+        // Re-checked under the lock: a command may have moved it meanwhile.
+        let Some(mut session) = tx.session(&id, true).await? else {
+            continue;
+        };
+        let left_alone = matches!(
+            session.status,
+            SessionStatus::Idle
+                | SessionStatus::Completed
+                | SessionStatus::Failed
+                | SessionStatus::Cancelled
+        ) && session.updated_at <= cutoff;
+        if left_alone {
+            session.status = SessionStatus::Closed;
+            session.closed_at = Some(now);
+            save_session(tx, &mut session, now).await?;
+            report.sessions_closed += 1;
+        }
+    }
     let mut doomed = Vec::new();
     for (tenant, ttl) in &policy.tenant_closed_session_ttl {
         let cutoff = now.saturating_sub(*ttl);
@@ -1227,7 +1285,6 @@ pub(crate) async fn apply_retention<T: Tx>(
         }
     }
     doomed.sort();
-    let mut report = RetentionReport::default();
     for (id, cutoff) in doomed {
         // Re-checked under the lock: the session may have been reopened meanwhile.
         let Some(session) = tx.session(&id, true).await? else {
@@ -1535,301 +1592,16 @@ pub(crate) fn counter(value: u64) -> Result<i64, StoreError> {
     db_int("counter", value)
 }
 
-/// The idempotency record that remembers an action's first result, whatever its key.
-fn action_result_key(action_id: &str) -> String {
-    format!("corral:action-result:{action_id}")
-}
-
 /// The idempotency record that remembers the event of a claim.
 fn action_claim_key(action_id: &str, generation: u64) -> String {
     format!("corral:action-claim:{action_id}:{generation}")
-}
-
-/// Locks the session and answers a replayed command; `Ok(None)` when the caller should apply.
-async fn replayed<T: Tx>(
-    tx: &mut T,
-    session_id: &str,
-    command: Option<&NewCommand>,
-) -> Result<Option<CommitOutcome>, StoreError> {
-    let _ = tx.session(session_id, true).await?;
-    if let Some(command) = command {
-        require_id("idempotency key", &command.idempotency_key)?;
-        if let Some(record) = tx.command(session_id, &command.idempotency_key).await? {
-            if record.command == command.command {
-                return Ok(Some(CommitOutcome::Replayed(record)));
-            }
-            return Err(StoreError::conflict(
-                Entity::Command,
-                &command.idempotency_key,
-                "the idempotency key is already bound to a different command",
-            ));
-        }
-    }
-    Ok(None)
-}
-
-pub(crate) async fn cancel_turn<T: Tx>(
-    tx: &mut T,
-    cancel: CancelTurn,
-) -> Result<CommitOutcome, StoreError> {
-    if let Some(outcome) = replayed(tx, &cancel.session_id, cancel.command.as_ref()).await? {
-        return Ok(outcome);
-    }
-    let session = locked_session(tx, &cancel.session_id).await?;
-    check_turn(&session, cancel.expect_turn.as_ref())?;
-    let turn = session.active_turn_id.clone();
-    let mut commit = SessionCommit::new(&cancel.session_id);
-    commit.fence = cancel.fence;
-    commit.expect_turn = Some(turn.clone());
-    commit.command = cancel.command;
-    if let Some(turn) = &turn {
-        let filter = ActionFilter {
-            session_id: Some(session.id.clone()),
-            ..ActionFilter::default()
-        };
-        for action in tx.list_actions(&filter).await? {
-            if action.turn_id != *turn {
-                continue;
-            }
-            let (to, effect_to) = match action.status {
-                ActionStatus::Pending => (ActionStatus::Cancelled, EffectStatus::Cancelled),
-                // Claimed work may already have had its effect: kept for reconciliation.
-                ActionStatus::Claimed => (ActionStatus::Uncertain, EffectStatus::Uncertain),
-                _ => continue,
-            };
-            commit.actions.push(ActionTransition::new(
-                &action.action_id,
-                ActionGuard::Status(vec![action.status]),
-                to,
-            ));
-            commit.effects.push(
-                EffectTransition::new(
-                    &action.action_id,
-                    &[EffectStatus::Pending, EffectStatus::Invoking],
-                    effect_to,
-                )
-                .with_error("the turn was cancelled"),
-            );
-        }
-        for effect in tx
-            .session_effects(&session.id, Some(EffectStatus::Invoking))
-            .await?
-        {
-            let has_action = commit
-                .effects
-                .iter()
-                .any(|t| t.effect_id == effect.effect_id);
-            if effect.turn_id == *turn && !has_action {
-                commit.effects.push(
-                    EffectTransition::new(
-                        &effect.effect_id,
-                        &[EffectStatus::Invoking],
-                        EffectStatus::Uncertain,
-                    )
-                    .with_error("the turn was cancelled before its outcome was durably recorded"),
-                );
-            }
-        }
-    }
-    let mut event = NewEvent::new("turn.cancelled", json!({"reason": cancel.reason}));
-    event.turn_id = turn;
-    commit.events.push(event);
-    commit.patch.status = Some(SessionStatus::Cancelled);
-    commit.patch.active_turn_id = Some(None);
-    commit.patch.state = cancel.restore_state;
-    commit.checkpoint = Some(CheckpointWrite::Clear);
-    self::commit(tx, commit).await
-}
-
-pub(crate) async fn complete_action<T: Tx>(
-    tx: &mut T,
-    done: CompleteAction,
-) -> Result<CommitOutcome, StoreError> {
-    if let Some(outcome) = replayed(tx, &done.session_id, Some(&done.command)).await? {
-        return Ok(outcome);
-    }
-    let session = locked_session(tx, &done.session_id).await?;
-    let action = tx
-        .action(&done.action_id)
-        .await?
-        .filter(|action| action.session_id == session.id)
-        .ok_or_else(|| StoreError::not_found(Entity::Action, &done.action_id))?;
-    let now = tx.now().await?;
-    if action.status == ActionStatus::Completed {
-        let same = action.claim_id.as_deref() == Some(done.claim_id.as_str())
-            && action.generation == done.generation
-            && action.result.as_ref() == Some(&done.outcome);
-        let first = tx
-            .command(&session.id, &action_result_key(&action.action_id))
-            .await?;
-        let (true, Some(first)) = (same, first) else {
-            return Err(StoreError::conflict(
-                Entity::Action,
-                &action.action_id,
-                "the action was completed with a different result",
-            ));
-        };
-        // The same result under another key: that key answers with the first receipt too.
-        let record = CommandRecord {
-            session_id: session.id.clone(),
-            idempotency_key: done.command.idempotency_key,
-            command: done.command.command,
-            response: first.response.clone(),
-            cursor: first.cursor,
-            created_at: now,
-        };
-        tx.insert_command(&record).await?;
-        return Ok(CommitOutcome::Replayed(first));
-    }
-    if session.status == SessionStatus::Cancelled
-        || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
-    {
-        return Err(StoreError::conflict(
-            Entity::Action,
-            &action.action_id,
-            "the action's turn is no longer active",
-        ));
-    }
-    check_claim(&action, &done.claim_id, done.generation, now)?;
-    let result = done
-        .outcome
-        .get("value")
-        .cloned()
-        .unwrap_or_else(|| done.outcome.clone());
-    let data = done
-        .event_data
-        .unwrap_or_else(|| json!({"actionId": action.action_id, "result": result}));
-    let mut commit = SessionCommit::new(&session.id);
-    commit.expect_turn = Some(Some(action.turn_id.clone()));
-    commit.command = Some(done.command);
-    commit.actions.push(
-        ActionTransition::new(
-            &action.action_id,
-            ActionGuard::Claim {
-                claim_id: done.claim_id,
-                generation: done.generation,
-            },
-            ActionStatus::Completed,
-        )
-        .with_result(done.outcome.clone()),
-    );
-    commit.effects.push(
-        EffectTransition::new(
-            &action.action_id,
-            &[EffectStatus::Pending, EffectStatus::Invoking],
-            EffectStatus::Completed,
-        )
-        .with_result(done.outcome),
-    );
-    commit.patch.status = Some(SessionStatus::Runnable);
-    commit
-        .events
-        .push(NewEvent::new("action.completed", data).in_turn(action.turn_id.clone()));
-    let outcome = self::commit(tx, commit).await?;
-    if let CommitOutcome::Applied(receipt) = &outcome
-        && let Some(record) = &receipt.command
-    {
-        let mut first = record.clone();
-        first.idempotency_key = action_result_key(&action.action_id);
-        tx.insert_command(&first).await?;
-    }
-    Ok(outcome)
-}
-
-pub(crate) async fn resolve_effect<T: Tx>(
-    tx: &mut T,
-    resolve: ResolveEffect,
-) -> Result<CommitOutcome, StoreError> {
-    if let Some(outcome) = replayed(tx, &resolve.session_id, resolve.command.as_ref()).await? {
-        return Ok(outcome);
-    }
-    let session = locked_session(tx, &resolve.session_id).await?;
-    let effect = tx
-        .effect(&resolve.effect_id)
-        .await?
-        .filter(|effect| effect.session_id == session.id)
-        .ok_or_else(|| StoreError::not_found(Entity::Effect, &resolve.effect_id))?;
-    if effect.status != EffectStatus::Uncertain {
-        return Err(StoreError::conflict(
-            Entity::Effect,
-            &effect.effect_id,
-            format!("the effect is {}, not uncertain", effect.status),
-        ));
-    }
-    let action = tx
-        .action(&effect.effect_id)
-        .await?
-        .filter(|action| action.session_id == session.id);
-    let mut commit = SessionCommit::new(&session.id);
-    commit.fence = resolve.fence;
-    commit.command = resolve.command;
-    let (data, effect_to, action_to) = match resolve.resolution {
-        Resolution::Retry => (
-            json!({"effectId": effect.effect_id, "retry": true}),
-            EffectTransition::new(
-                &effect.effect_id,
-                &[EffectStatus::Uncertain],
-                EffectStatus::Pending,
-            ),
-            ActionStatus::Pending,
-        ),
-        Resolution::Complete(outcome) => (
-            json!({"effectId": effect.effect_id, "retry": false, "outcome": outcome}),
-            EffectTransition::new(
-                &effect.effect_id,
-                &[EffectStatus::Uncertain],
-                EffectStatus::Completed,
-            )
-            .with_result(outcome),
-            ActionStatus::Completed,
-        ),
-    };
-    let action_result = effect_to.result.clone();
-    commit.effects.push(effect_to);
-    if let Some(action) = &action {
-        let mut transition = ActionTransition::new(
-            &action.action_id,
-            ActionGuard::Status(vec![ActionStatus::Uncertain, ActionStatus::Cancelled]),
-            action_to,
-        );
-        transition.result = action_result;
-        commit.actions.push(transition);
-    }
-    // The session goes on once nothing of its active turn is uncertain any more.
-    let others_uncertain = tx
-        .session_effects(&session.id, Some(EffectStatus::Uncertain))
-        .await?
-        .iter()
-        .any(|other| {
-            other.effect_id != effect.effect_id
-                && session.active_turn_id.as_deref() == Some(other.turn_id.as_str())
-        });
-    if session.status == SessionStatus::Uncertain && !others_uncertain {
-        commit.patch.status = Some(SessionStatus::Runnable);
-    }
-    commit
-        .events
-        .push(NewEvent::new("effect.resolved", data).in_turn(effect.turn_id.clone()));
-    let outcome = self::commit(tx, commit).await?;
-    if let Some(action) = action
-        && action_to == ActionStatus::Pending
-    {
-        // The claim is cleared; the next claim gets the next generation.
-        let mut action = tx.action(&action.action_id).await?.ok_or_else(|| {
-            StoreError::corrupt(Entity::Action, &action.action_id, "vanished while resolved")
-        })?;
-        action.claim_id = None;
-        action.lease_expires_at = None;
-        tx.update_action(&action).await?;
-    }
-    Ok(outcome)
 }
 
 pub(crate) async fn recover_in_flight_effects<T: Tx>(
     tx: &mut T,
     reason: &str,
     leased_too: bool,
-) -> Result<Vec<Effect>, StoreError> {
+) -> Result<usize, StoreError> {
     let now = tx.now().await?;
     let mut sessions = Vec::new();
     // Bounded: only sessions that are running something can have effects in flight.
@@ -1852,7 +1624,7 @@ pub(crate) async fn recover_in_flight_effects<T: Tx>(
         }
     }
     sessions.sort();
-    let mut changed = Vec::new();
+    let mut changed = 0;
     for session_id in sessions {
         let Some(mut session) = tx.session(&session_id, true).await? else {
             continue;
@@ -1864,41 +1636,15 @@ pub(crate) async fn recover_in_flight_effects<T: Tx>(
         if held && !leased_too {
             continue;
         }
-        let mut effects = tx
-            .session_effects(&session.id, Some(EffectStatus::Invoking))
-            .await?;
-        if effects.is_empty() {
-            continue;
+        let effects = in_flight_uncertain(tx, &mut session, reason, now).await?;
+        changed += effects;
+        // The dead holder's lease is taken over at once: the session can be claimed now.
+        let had_owner = session.owner.take().is_some();
+        if effects > 0 {
+            save_session(tx, &mut session, now).await?;
+        } else if had_owner {
+            tx.update_session(&session).await?;
         }
-        let mut events = Vec::new();
-        for effect in &mut effects {
-            effect.status = EffectStatus::Uncertain;
-            effect.error = Some(reason.to_owned());
-            effect.updated_at = now;
-            tx.update_effect(effect).await?;
-            if session.status != SessionStatus::Cancelled
-                && session.active_turn_id.as_deref() == Some(effect.turn_id.as_str())
-            {
-                events.push(
-                    NewEvent::new(
-                        "effect.uncertain",
-                        json!({
-                            "effectId": effect.effect_id,
-                            "kind": effect.kind.as_str(),
-                            "message": reason,
-                        }),
-                    )
-                    .in_turn(effect.turn_id.clone()),
-                );
-            }
-        }
-        if !events.is_empty() {
-            session.status = SessionStatus::Uncertain;
-        }
-        let events = append_events(&mut session, events, now);
-        insert_events(tx, &events).await?;
-        save_session(tx, &mut session, now).await?;
-        changed.extend(effects);
     }
     Ok(changed)
 }
@@ -1921,66 +1667,3 @@ pub(crate) async fn page_sessions<T: Tx>(
     let limit = require_page(limit)?;
     tx.sessions_page(filter, after.unwrap_or(""), limit).await
 }
-
-pub(crate) async fn page_actions<T: Tx>(
-    tx: &mut T,
-    filter: &ActionFilter,
-    after: Option<&str>,
-    limit: usize,
-) -> Result<Vec<Action>, StoreError> {
-    let limit = require_page(limit)?;
-    tx.actions_page(filter, after.unwrap_or(""), limit).await
-}
-
-pub(crate) async fn page_effects<T: Tx>(
-    tx: &mut T,
-    session_id: &str,
-    status: Option<EffectStatus>,
-    after: Option<&str>,
-    limit: usize,
-) -> Result<Vec<Effect>, StoreError> {
-    let limit = require_page(limit)?;
-    existing_session(tx, session_id).await?;
-    tx.effects_page(session_id, status, after.unwrap_or(""), limit)
-        .await
-}
-
-pub(crate) async fn claim_next_action<T: Tx>(
-    tx: &mut T,
-    scope: ExecutorScope,
-    claim_id: String,
-    lease: Duration,
-) -> Result<Option<ClaimedAction>, StoreError> {
-    require_id("claim id", &claim_id)?;
-    require_lease(lease)?;
-    // The search locks the candidate's session, but on PostgreSQL it reads the action as its
-    // statement's snapshot saw it: a claim that committed between that snapshot and the lock
-    // leaves a candidate that is no longer pending. Read it again under the lock, and search
-    // again (seeing the racer's claim) if it was taken.
-    for _ in 0..CLAIM_SEARCHES {
-        let Some(action_id) = tx.next_claimable_action(&scope).await? else {
-            return Ok(None);
-        };
-        if get_action(tx, &action_id).await?.status != ActionStatus::Pending {
-            continue;
-        }
-        return claim_action(
-            tx,
-            ClaimAction::new(
-                action_id,
-                claim_id,
-                lease,
-                scope.manifest_hash,
-                scope.implementation_version,
-            ),
-        )
-        .await
-        .map(Some);
-    }
-    // Every candidate was taken by a racing executor: nothing for this one now.
-    Ok(None)
-}
-
-/// How many candidates [`claim_next_action`] tries before it reports no work, each one having
-/// been taken by a racing executor between the search and the lock.
-const CLAIM_SEARCHES: usize = 4;

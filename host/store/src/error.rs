@@ -69,6 +69,12 @@ impl fmt::Display for StaleReason {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// The caller may not do this (an executor's action outside its token's scope).
+    #[error("forbidden: {reason}")]
+    Forbidden {
+        /// Why.
+        reason: String,
+    },
     /// The record does not exist.
     #[error("{entity} {id:?} not found")]
     NotFound {

@@ -18,6 +18,9 @@ pub struct EventNotice {
     pub session_id: String,
     /// The event's cursor.
     pub cursor: u64,
+    /// Whether the batch this event was appended with cancelled the session's turn (a running
+    /// segment stops on it without reading the session back).
+    pub cancelled: bool,
 }
 
 /// A notice that an action became claimable; see [`crate::Store::subscribe_work`].
@@ -35,6 +38,7 @@ pub(crate) enum Notice {
         session_id: String,
         first: u64,
         last: u64,
+        cancelled: bool,
     },
     /// `action_id` is pending.
     Work { action_id: String },
@@ -77,6 +81,7 @@ impl Feed {
                     session_id,
                     first,
                     last,
+                    cancelled,
                 } => {
                     if self.events.receiver_count() == 0 {
                         continue;
@@ -85,6 +90,7 @@ impl Feed {
                         let _ = self.events.send(EventNotice {
                             session_id: session_id.clone(),
                             cursor,
+                            cancelled: *cancelled,
                         });
                     }
                 }

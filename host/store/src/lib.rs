@@ -57,9 +57,11 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod checkpoint;
 mod engine;
 mod error;
 mod feed;
+mod machine;
 mod migrations;
 mod model;
 mod postgres;
@@ -69,17 +71,22 @@ mod store;
 #[doc(hidden)]
 pub mod testing;
 
+pub use checkpoint::{Decision, Interaction, TurnCheckpoint};
 pub use error::{BoxError, Entity, OpenStoreError, StaleReason, StoreError};
 pub use feed::{EventNotice, WorkNotice};
+pub use machine::{
+    CommandKind, CommandReceipt, Segment, SegmentEnd, SegmentOutcome, SegmentStart, SessionCommand,
+    server_state,
+};
 pub use model::{
     Action, ActionFilter, ActionGuard, ActionStatus, ActionTransition, AgentDefinition,
-    BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint, CheckpointWrite, ClaimAction,
-    ClaimedAction, CommandRecord, CommitOutcome, CommitReceipt, CompleteAction, CreatedSession,
-    DEFAULT_IDEMPOTENCY_WINDOW, Effect, EffectKind, EffectStatus, EffectTransition, Event,
-    ExecutorScope, Fence, HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent,
-    NewCheckpoint, NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution, ResolveEffect,
-    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, SessionOwner,
-    SessionPatch, SessionStatus, StoreBackend, Timestamp,
+    BeginEffect, BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction,
+    CommandRecord, CommitOutcome, CommitReceipt, CreatedSession, DEFAULT_IDEMPOTENCY_WINDOW,
+    Effect, EffectKind, EffectStatus, EffectTransition, Event, ExecutorScope, Fence,
+    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent, NewCheckpoint,
+    NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution, RetentionPolicy,
+    RetentionReport, Session, SessionCommit, SessionFilter, SessionOwner, SessionPatch,
+    SessionStatus, StoreBackend, Timestamp,
 };
 pub use postgres::{PostgresConfig, PostgresHost, PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};

@@ -800,6 +800,8 @@ pub struct ActionTransition {
     pub to: ActionStatus,
     /// The result to record (kept as it was when `None`).
     pub result: Option<Value>,
+    /// Clears the claim (id and lease), so that the next claim gets the next generation.
+    pub clear_claim: bool,
 }
 
 impl ActionTransition {
@@ -810,6 +812,7 @@ impl ActionTransition {
             guard,
             to,
             result: None,
+            clear_claim: false,
         }
     }
 
@@ -845,6 +848,13 @@ pub struct ExecutorScope {
 }
 
 impl ExecutorScope {
+    /// Whether an executor with this scope may claim and complete `action`.
+    pub fn covers(&self, action: &Action) -> bool {
+        action.agent_id == self.agent_id
+            && action.manifest_hash == self.manifest_hash
+            && action.implementation_version == self.implementation_version
+    }
+
     /// A scope.
     pub fn new(
         agent_id: impl Into<String>,
@@ -1053,6 +1063,13 @@ pub struct CommitReceipt {
 pub struct RetentionPolicy {
     /// How long closed sessions of tenants without an override are kept (`None`: forever).
     pub closed_session_ttl: Option<Duration>,
+    /// How long a settled session (idle, completed, failed or cancelled: nothing paused,
+    /// waiting, running or uncertain) of a tenant without an override stays open after its
+    /// last change before retention closes it (`None`: it stays open). A closed session then
+    /// expires after `closed_session_ttl`; a message reopens it before that.
+    pub settled_session_ttl: Option<Duration>,
+    /// Per-tenant overrides of `settled_session_ttl`.
+    pub tenant_settled_session_ttl: BTreeMap<String, Duration>,
     /// Per-tenant overrides of `closed_session_ttl`.
     pub tenant_closed_session_ttl: BTreeMap<String, Duration>,
     /// How long the events and items of closed sessions of tenants without an override are
@@ -1076,6 +1093,8 @@ impl Default for RetentionPolicy {
     fn default() -> Self {
         Self {
             closed_session_ttl: None,
+            settled_session_ttl: None,
+            tenant_settled_session_ttl: BTreeMap::new(),
             tenant_closed_session_ttl: BTreeMap::new(),
             closed_history_ttl: None,
             tenant_closed_history_ttl: BTreeMap::new(),
@@ -1091,6 +1110,9 @@ impl Default for RetentionPolicy {
 pub struct RetentionReport {
     /// Closed sessions deleted with their items, events, checkpoints, effects and actions.
     pub sessions_deleted: u64,
+    /// Settled sessions closed for having been left alone longer than their tenant's
+    /// `settled_session_ttl`.
+    pub sessions_closed: u64,
     /// Superseded checkpoints pruned.
     pub checkpoints_pruned: u64,
     /// Idempotency records older than the window pruned.
@@ -1168,80 +1190,7 @@ mod tests {
     }
 }
 
-/// The arguments of [`crate::Store::cancel_turn`].
-#[derive(Clone, Debug, Default, PartialEq)]
-#[non_exhaustive]
-pub struct CancelTurn {
-    /// The session.
-    pub session_id: String,
-    /// When set, the cancel applies only under this lease.
-    pub fence: Option<Fence>,
-    /// When set, the cancel applies only if this is still the active turn (`Some(None)`: no
-    /// active turn); otherwise [`crate::StoreError::Conflict`].
-    pub expect_turn: Option<Option<String>>,
-    /// The reason, as the `turn.cancelled` event's `reason`.
-    pub reason: Option<String>,
-    /// The session state to restore (the state from before the cancelled turn); unchanged
-    /// when `None`.
-    pub restore_state: Option<Value>,
-    /// The cancel command, recorded (and replayed) like [`SessionCommit::command`].
-    pub command: Option<NewCommand>,
-}
-
-impl CancelTurn {
-    /// A cancel of whatever turn `session_id` is running.
-    pub fn new(session_id: impl Into<String>) -> Self {
-        Self {
-            session_id: session_id.into(),
-            ..Self::default()
-        }
-    }
-}
-
-/// The arguments of [`crate::Store::complete_action`]: an executor's result.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct CompleteAction {
-    /// The action's session.
-    pub session_id: String,
-    /// The action.
-    pub action_id: String,
-    /// The claim the executor holds.
-    pub claim_id: String,
-    /// The claim's generation.
-    pub generation: u64,
-    /// The outcome, stored as the action's and its effect's result.
-    pub outcome: Value,
-    /// The `action.completed` event's data; `{"actionId", "result"}` (the outcome's `value`
-    /// field, or the whole outcome) when `None`.
-    pub event_data: Option<Value>,
-    /// The `action_result` command, recorded under its idempotency key.
-    pub command: NewCommand,
-}
-
-impl CompleteAction {
-    /// The result `outcome` of the claim (`claim_id`, `generation`) on `action_id`.
-    pub fn new(
-        session_id: impl Into<String>,
-        action_id: impl Into<String>,
-        claim_id: impl Into<String>,
-        generation: u64,
-        outcome: Value,
-        command: NewCommand,
-    ) -> Self {
-        Self {
-            session_id: session_id.into(),
-            action_id: action_id.into(),
-            claim_id: claim_id.into(),
-            generation,
-            outcome,
-            event_data: None,
-            command,
-        }
-    }
-}
-
-/// How an operator settles an uncertain effect ([`crate::Store::resolve_effect`]).
+/// How an operator settles an uncertain effect ([`crate::CommandKind::Resolve`]).
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Resolution {
@@ -1249,37 +1198,4 @@ pub enum Resolution {
     Retry,
     /// It happened with this outcome: the effect (and its action) become completed.
     Complete(Value),
-}
-
-/// The arguments of [`crate::Store::resolve_effect`].
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct ResolveEffect {
-    /// The effect's session.
-    pub session_id: String,
-    /// The uncertain effect.
-    pub effect_id: String,
-    /// The decision.
-    pub resolution: Resolution,
-    /// When set, the resolution applies only under this lease.
-    pub fence: Option<Fence>,
-    /// The `resolve` command, recorded (and replayed) like [`SessionCommit::command`].
-    pub command: Option<NewCommand>,
-}
-
-impl ResolveEffect {
-    /// Settles `effect_id` of `session_id` with `resolution`.
-    pub fn new(
-        session_id: impl Into<String>,
-        effect_id: impl Into<String>,
-        resolution: Resolution,
-    ) -> Self {
-        Self {
-            session_id: session_id.into(),
-            effect_id: effect_id.into(),
-            resolution,
-            fence: None,
-            command: None,
-        }
-    }
 }

@@ -24,9 +24,8 @@ use crate::error::{BoxError, Entity, OpenStoreError, StoreError};
 use crate::feed::{EventNotice, Feed, Notice, WorkNotice};
 use crate::migrations;
 use crate::model::{
-    Action, ActionFilter, ActionStatus, AgentDefinition, Checkpoint, CommandRecord, Effect,
-    EffectStatus, Event, ExecutorScope, Item, NewAgent, NewCheckpoint, Session, SessionFilter,
-    SessionStatus, StoreBackend, Timestamp,
+    Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectStatus, Event,
+    Item, NewAgent, NewCheckpoint, Session, SessionFilter, SessionStatus, StoreBackend, Timestamp,
 };
 
 /// The connection settings of `tokio-postgres` (host, port, user, database, timeouts...).
@@ -360,8 +359,13 @@ fn notify_payloads(origin: &str, notices: &[Notice]) -> Vec<(&'static str, Strin
                 session_id,
                 first,
                 last,
+                cancelled,
             } => {
-                let entry = serde_json::json!([session_id, first, last]);
+                let entry = if *cancelled {
+                    serde_json::json!([session_id, first, last, 1])
+                } else {
+                    serde_json::json!([session_id, first, last])
+                };
                 let size = entry.to_string().len() + 1;
                 if events_size + size > MAX_PAYLOAD - origin.len() - 16 {
                     flush(&mut payloads, EVENTS_CHANNEL, "e", &mut events);
@@ -426,6 +430,7 @@ fn forward(shared: &Shared, channel: &str, payload: &str) {
                 session_id: session_id.to_owned(),
                 first,
                 last,
+                cancelled: entry.get(3).is_some(),
             });
         }
     } else if channel == WORK_CHANNEL {
@@ -589,16 +594,20 @@ async fn catch_up(pool: &Pool, shared: &Shared, since: i64) {
     let since = since - 1_000;
     if let Ok(rows) = client
         .query(
-            "SELECT id, last_cursor FROM corral_sessions WHERE updated_at >= $1 AND last_cursor > 0",
+            "SELECT id, last_cursor, status = 'cancelled' FROM corral_sessions \
+             WHERE updated_at >= $1 AND last_cursor > 0",
             &[&since],
         )
         .await
     {
         for row in rows {
-            if let (Ok(session_id), Ok(cursor)) = (row.try_get::<_, String>(0), row.try_get::<_, i64>(1)) {
+            if let (Ok(session_id), Ok(cursor)) =
+                (row.try_get::<_, String>(0), row.try_get::<_, i64>(1))
+            {
                 shared.feed.event_notice(EventNotice {
                     session_id,
                     cursor: u64::try_from(cursor).unwrap_or(0),
+                    cancelled: row.try_get::<_, bool>(2).unwrap_or(false),
                 });
             }
         }
@@ -1525,90 +1534,6 @@ impl Tx for PgTx<'_> {
         .await
     }
 
-    async fn actions_page(
-        &mut self,
-        filter: &ActionFilter,
-        after: &str,
-        limit: i64,
-    ) -> Result<Vec<Action>, StoreError> {
-        let scope = filter.scope.as_ref();
-        let statuses = engine::status_list(&filter.statuses, ActionStatus::as_str);
-        self.query_all(
-            "page actions",
-            concat!(
-                "SELECT ",
-                action_columns!(),
-                " FROM corral_actions WHERE action_id > $1 \
-                 AND ($2::text IS NULL OR session_id = $2) \
-                 AND ($3::text IS NULL OR agent_id = $3) \
-                 AND ($4::text IS NULL OR manifest_hash = $4) \
-                 AND ($5::text IS NULL OR implementation_version = $5) \
-                 AND ($6 = '' OR status = ANY(string_to_array($6, ','))) \
-                 ORDER BY action_id LIMIT $7"
-            ),
-            &[
-                &after,
-                &filter.session_id,
-                &scope.map(|s| s.agent_id.as_str()),
-                &scope.map(|s| s.manifest_hash.as_str()),
-                &scope.map(|s| s.implementation_version.as_str()),
-                &statuses,
-                &limit,
-            ],
-            engine::decode_action,
-        )
-        .await
-    }
-
-    async fn effects_page(
-        &mut self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-        after: &str,
-        limit: i64,
-    ) -> Result<Vec<Effect>, StoreError> {
-        self.query_all(
-            "page effects",
-            concat!(
-                "SELECT ",
-                effect_columns!(),
-                " FROM corral_effects WHERE session_id = $1 AND effect_id > $2 \
-                 AND ($3::text IS NULL OR status = $3) ORDER BY effect_id LIMIT $4"
-            ),
-            &[
-                &session_id,
-                &after,
-                &status.map(EffectStatus::as_str),
-                &limit,
-            ],
-            engine::decode_effect,
-        )
-        .await
-    }
-
-    async fn next_claimable_action(
-        &mut self,
-        scope: &ExecutorScope,
-    ) -> Result<Option<String>, StoreError> {
-        // Only the session row is locked, as the locking rule wants; sessions another
-        // transaction holds are skipped, so concurrent executors spread over the work.
-        self.query_opt(
-            "find a claimable action",
-            "SELECT a.action_id FROM corral_actions a JOIN corral_sessions s \
-             ON s.id = a.session_id WHERE a.status = 'pending' AND a.agent_id = $1 \
-             AND a.manifest_hash = $2 AND a.implementation_version = $3 \
-             AND s.active_turn_id = a.turn_id AND s.status <> 'cancelled' \
-             ORDER BY a.created_at, a.action_id LIMIT 1 FOR UPDATE OF s SKIP LOCKED",
-            &[
-                &scope.agent_id,
-                &scope.manifest_hash,
-                &scope.implementation_version,
-            ],
-            |row| row.text(0),
-        )
-        .await
-    }
-
     async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError> {
         self.query_all(
             "find expired claims",
@@ -1671,6 +1596,22 @@ impl Tx for PgTx<'_> {
             "find expired sessions",
             "SELECT id, tenant_id FROM corral_sessions WHERE status = 'closed' \
              AND closed_at <= $2 AND ($1::text IS NULL OR tenant_id = $1) ORDER BY id LIMIT $3",
+            &[&tenant_id, &cutoff.as_unix_millis(), &engine::BATCH],
+            |row| Ok((row.text(0)?, row.text(1)?)),
+        )
+        .await
+    }
+
+    async fn settled_sessions(
+        &mut self,
+        tenant_id: Option<&str>,
+        cutoff: Timestamp,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.query_all(
+            "find settled sessions",
+            "SELECT id, tenant_id FROM corral_sessions \
+             WHERE status IN ('idle', 'completed', 'failed', 'cancelled') \
+             AND updated_at <= $2 AND ($1::text IS NULL OR tenant_id = $1) ORDER BY id LIMIT $3",
             &[&tenant_id, &cutoff.as_unix_millis(), &engine::BATCH],
             |row| Ok((row.text(0)?, row.text(1)?)),
         )

@@ -19,9 +19,8 @@ use crate::error::{OpenStoreError, StoreError};
 use crate::feed::{Feed, Notice};
 use crate::migrations::{self, Migration};
 use crate::model::{
-    Action, ActionFilter, ActionStatus, AgentDefinition, Checkpoint, CommandRecord, Effect,
-    EffectStatus, Event, ExecutorScope, Item, NewAgent, NewCheckpoint, Session, SessionFilter,
-    SessionStatus, StoreBackend, Timestamp,
+    Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectStatus, Event,
+    Item, NewAgent, NewCheckpoint, Session, SessionFilter, SessionStatus, StoreBackend, Timestamp,
 };
 
 /// When SQLite waits for the disk before acknowledging a commit.
@@ -919,78 +918,6 @@ impl Tx for SqliteTx<'_> {
         )
     }
 
-    async fn actions_page(
-        &mut self,
-        filter: &ActionFilter,
-        after: &str,
-        limit: i64,
-    ) -> Result<Vec<Action>, StoreError> {
-        let scope = filter.scope.as_ref();
-        let statuses = engine::status_list(&filter.statuses, ActionStatus::as_str);
-        self.query_all(
-            "page actions",
-            concat!(
-                "SELECT ",
-                action_columns!(),
-                " FROM corral_actions WHERE action_id > ?1 AND (?2 IS NULL OR session_id = ?2) \
-                 AND (?3 IS NULL OR agent_id = ?3) AND (?4 IS NULL OR manifest_hash = ?4) \
-                 AND (?5 IS NULL OR implementation_version = ?5) \
-                 AND (?6 = '' OR instr(',' || ?6 || ',', ',' || status || ',') > 0) \
-                 ORDER BY action_id LIMIT ?7"
-            ),
-            params![
-                after,
-                filter.session_id,
-                scope.map(|s| s.agent_id.as_str()),
-                scope.map(|s| s.manifest_hash.as_str()),
-                scope.map(|s| s.implementation_version.as_str()),
-                statuses,
-                limit,
-            ],
-            |row| engine::decode_action(row),
-        )
-    }
-
-    async fn effects_page(
-        &mut self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-        after: &str,
-        limit: i64,
-    ) -> Result<Vec<Effect>, StoreError> {
-        self.query_all(
-            "page effects",
-            concat!(
-                "SELECT ",
-                effect_columns!(),
-                " FROM corral_effects WHERE session_id = ?1 AND effect_id > ?2 \
-                 AND (?3 IS NULL OR status = ?3) ORDER BY effect_id LIMIT ?4"
-            ),
-            params![session_id, after, status.map(EffectStatus::as_str), limit],
-            |row| engine::decode_effect(row),
-        )
-    }
-
-    async fn next_claimable_action(
-        &mut self,
-        scope: &ExecutorScope,
-    ) -> Result<Option<String>, StoreError> {
-        self.query_opt(
-            "find a claimable action",
-            "SELECT a.action_id FROM corral_actions a JOIN corral_sessions s \
-             ON s.id = a.session_id WHERE a.status = 'pending' AND a.agent_id = ?1 \
-             AND a.manifest_hash = ?2 AND a.implementation_version = ?3 \
-             AND s.active_turn_id = a.turn_id AND s.status <> 'cancelled' \
-             ORDER BY a.created_at, a.action_id LIMIT 1",
-            params![
-                scope.agent_id,
-                scope.manifest_hash,
-                scope.implementation_version
-            ],
-            |row| row.text(0),
-        )
-    }
-
     async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError> {
         self.query_all(
             "find expired claims",
@@ -1051,6 +978,21 @@ impl Tx for SqliteTx<'_> {
             "find expired sessions",
             "SELECT id, tenant_id FROM corral_sessions WHERE status = 'closed' \
              AND closed_at <= ?2 AND (?1 IS NULL OR tenant_id = ?1) ORDER BY id LIMIT ?3",
+            params![tenant_id, cutoff.as_unix_millis(), engine::BATCH],
+            |row| Ok((row.text(0)?, row.text(1)?)),
+        )
+    }
+
+    async fn settled_sessions(
+        &mut self,
+        tenant_id: Option<&str>,
+        cutoff: Timestamp,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.query_all(
+            "find settled sessions",
+            "SELECT id, tenant_id FROM corral_sessions \
+             WHERE status IN ('idle', 'completed', 'failed', 'cancelled') \
+             AND updated_at <= ?2 AND (?1 IS NULL OR tenant_id = ?1) ORDER BY id LIMIT ?3",
             params![tenant_id, cutoff.as_unix_millis(), engine::BATCH],
             |row| Ok((row.text(0)?, row.text(1)?)),
         )

@@ -7,12 +7,12 @@ use async_trait::async_trait;
 
 use crate::error::StoreError;
 use crate::feed::{EventNotice, WorkNotice};
+use crate::machine::{CommandReceipt, SegmentEnd, SegmentOutcome, SegmentStart, SessionCommand};
 use crate::model::{
-    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, CancelTurn, Checkpoint,
-    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CompleteAction, CreatedSession,
-    Effect, EffectStatus, Event, ExecutorScope, Fence, HeartbeatAction, ItemPage, Lease, NewAgent,
-    NewEvent, NewSession, ResolveEffect, RetentionPolicy, RetentionReport, Session, SessionCommit,
-    SessionFilter, StoreBackend,
+    Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
+    ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
+    Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, StoreBackend,
 };
 
 /// Everything durable in corral, behind one interface.
@@ -141,17 +141,6 @@ pub trait Store: Send + Sync + fmt::Debug {
         status: Option<EffectStatus>,
     ) -> Result<Vec<Effect>, StoreError>;
 
-    /// Recovery after a crash or a takeover: under the caller's lease, every effect of the session
-    /// still [`EffectStatus::Invoking`] becomes [`EffectStatus::Uncertain`] with `reason` as its
-    /// error. For those of the active turn (unless the session is cancelled) the session becomes
-    /// [`crate::SessionStatus::Uncertain`] and an `effect.uncertain` event
-    /// (`{"effectId", "kind", "message"}`) is appended. Returns the effects changed.
-    async fn mark_in_flight_effects_uncertain(
-        &self,
-        fence: &Fence,
-        reason: &str,
-    ) -> Result<Vec<Effect>, StoreError>;
-
     /// The action `action_id`; [`StoreError::NotFound`] if unknown.
     async fn get_action(&self, action_id: &str) -> Result<Action, StoreError>;
 
@@ -211,41 +200,67 @@ pub trait Store: Send + Sync + fmt::Debug {
         policy: &RetentionPolicy,
     ) -> Result<RetentionReport, StoreError>;
 
-    /// Cancels the session's turn in one transaction (the seed's `cancel` command): its pending
-    /// actions become cancelled and its claimed ones uncertain (with their effects), its other
-    /// effects still invoking become uncertain (with a reason), the session becomes cancelled
-    /// with no active turn, its state becomes `restore_state` (if set) and its live checkpoint is
-    /// cleared, and a `turn.cancelled` event (`{"reason"}`) is appended. Guarded like
-    /// [`Store::commit`] (replay, fence, `expect_turn`); a session with no active turn is still
-    /// marked cancelled.
-    async fn cancel_turn(&self, cancel: CancelTurn) -> Result<CommitOutcome, StoreError>;
-
-    /// An executor's result, in one transaction: the action and its effect become completed with
-    /// the outcome, the session runnable, an `action.completed` event is appended and the command
-    /// recorded. The claim must be the action's current, unexpired one
-    /// ([`StoreError::StaleGeneration`]) and its turn the session's active, uncancelled turn
-    /// ([`StoreError::Conflict`]). The same result again, under any idempotency key, returns
-    /// [`CommitOutcome::Replayed`] with the first receipt; another result is a conflict.
-    async fn complete_action(&self, done: CompleteAction) -> Result<CommitOutcome, StoreError>;
-
-    /// Settles an [`EffectStatus::Uncertain`] effect by an operator's decision, in one
-    /// transaction: [`crate::Resolution::Retry`] makes it (and its action, claim cleared, claimable
-    /// again at the next generation) pending; [`crate::Resolution::Complete`] completes both with the
-    /// outcome. The session becomes runnable again if it was uncertain and nothing else of its
-    /// active turn is, and an `effect.resolved` event (`{"effectId", "retry", "outcome"?}`) is
-    /// appended. An effect not uncertain is a [`StoreError::Conflict`].
-    async fn resolve_effect(&self, resolve: ResolveEffect) -> Result<CommitOutcome, StoreError>;
-
     /// Start-up recovery, in one transaction: every effect still [`EffectStatus::Invoking`]
     /// becomes uncertain with `reason`; for those of a session's active turn (unless cancelled)
-    /// the session becomes uncertain and an `effect.uncertain` event is appended. Sessions some
-    /// replica holds an unexpired lease on are skipped unless `leased_too` (the embedded store's
-    /// single owner passes `true` at start: every lease in its file belongs to a dead process).
+    /// the session becomes uncertain and an `effect.uncertain` event is appended, and the
+    /// session's lease is released so that it can be claimed at once. Sessions some replica
+    /// holds an unexpired lease on are skipped unless `leased_too` (the embedded store's single
+    /// owner passes `true` at start: every lease in its file belongs to a dead process).
+    /// Returns how many effects became uncertain.
     async fn recover_in_flight_effects(
         &self,
         reason: &str,
         leased_too: bool,
-    ) -> Result<Vec<Effect>, StoreError>;
+    ) -> Result<usize, StoreError>;
+
+    /// Runs one command of the session state machine in one transaction: the idempotency
+    /// check, the command's rules, its transitions, checkpoint and events, and its record.
+    ///
+    /// - `message` needs a settled session (idle, completed, failed, cancelled): it starts the
+    ///   turn, writes its checkpoint (segment 0) and makes the session runnable;
+    /// - `approve` / `respond` need the session paused on that interaction (of kind `approval` /
+    ///   `input`): the decision goes into the next segment's checkpoint, the session runnable;
+    /// - `cancel`: the active turn's pending actions become cancelled, claimed ones uncertain
+    ///   (with their effects), its other effects in flight uncertain; the session cancelled;
+    /// - `action_result`: the claim must be the action's current, unexpired one and its turn
+    ///   the active one; the action and its effect complete, the session becomes runnable
+    ///   (unless uncertain). The same result under another key answers the first receipt;
+    /// - `resolve`: the effect must be uncertain and of the active turn; retry makes it (and
+    ///   its action, claim cleared) pending, an outcome completes both; the session goes on
+    ///   once nothing of its turn is uncertain.
+    ///
+    /// A replayed key with the same body answers the first response (nothing written); with
+    /// another body it is a [`StoreError::Conflict`] on [`crate::Entity::Command`]. A rule
+    /// that does not hold is a [`StoreError::Conflict`] (or [`StoreError::StaleGeneration`]
+    /// for a claim), an unknown record [`StoreError::NotFound`].
+    async fn run_command(&self, command: SessionCommand) -> Result<CommandReceipt, StoreError>;
+
+    /// The scheduler's step, one transaction: claims the oldest runnable session no replica
+    /// holds (`FOR UPDATE SKIP LOCKED`: two replicas never win the same one) under a new lease
+    /// with the next fencing generation, marks what a previous holder left in flight
+    /// uncertain, reads the turn's checkpoint and marks the session running. A session with
+    /// nothing to run (uncertain now, or no readable checkpoint: its turn fails) is released in
+    /// the same transaction.
+    async fn start_segment(
+        &self,
+        replica_id: &str,
+        lease: Duration,
+    ) -> Result<SegmentStart, StoreError>;
+
+    /// Ends a segment in one transaction under its fence (an expired lease still works while
+    /// nobody took over): with `in_flight_reason`, its effects still in flight become uncertain
+    /// (a shutdown); the outcome is applied if `turn_id` is still the active, uncancelled turn
+    /// (completion appends the items and clears the checkpoint; a pause keeps the checkpoint the
+    /// turn engine wrote); the lease is released. Returns what happened and how many effects
+    /// became uncertain.
+    async fn finish_segment(
+        &self,
+        fence: &Fence,
+        turn_id: &str,
+        segment: u64,
+        outcome: SegmentOutcome,
+        in_flight_reason: Option<&str>,
+    ) -> Result<(SegmentEnd, usize), StoreError>;
 
     /// Up to `limit` sessions matching `filter` whose id is greater than `after` (`None` for
     /// the start), by id: keyset paging, each page one index range scan. Pass the last id of a
@@ -256,33 +271,4 @@ pub trait Store: Send + Sync + fmt::Debug {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Session>, StoreError>;
-
-    /// Up to `limit` actions matching `filter` whose id is greater than `after`, by id.
-    async fn page_actions(
-        &self,
-        filter: &ActionFilter,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Action>, StoreError>;
-
-    /// Up to `limit` effects of the session (only those in `status` if set) whose id is
-    /// greater than `after`, by id.
-    async fn page_effects(
-        &self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Effect>, StoreError>;
-
-    /// Claims the oldest pending action in `scope` whose session is on the action's turn, like
-    /// [`Store::claim_action`]; sessions another transaction holds are skipped
-    /// (`FOR UPDATE SKIP LOCKED`), so concurrent executors never wait on each other. `None`
-    /// when there is nothing to claim.
-    async fn claim_next_action(
-        &self,
-        scope: &ExecutorScope,
-        claim_id: &str,
-        lease: Duration,
-    ) -> Result<Option<ClaimedAction>, StoreError>;
 }

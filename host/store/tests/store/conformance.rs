@@ -7,11 +7,11 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use corral_store::{
     ActionFilter, ActionGuard, ActionStatus, ActionTransition, BeginEffect, BeginEffectOutcome,
-    CancelTurn, CheckpointWrite, ClaimAction, CommitOutcome, CompleteAction, EffectKind,
-    EffectStatus, EffectTransition, Entity, ExecutorScope, HeartbeatAction, MAX_PAGE, NewAction,
-    NewAgent, NewCheckpoint, NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution,
-    ResolveEffect, RetentionPolicy, SessionCommit, SessionFilter, SessionStatus, StaleReason,
-    Store, StoreError,
+    CheckpointWrite, ClaimAction, CommandKind, CommitOutcome, Decision, EffectKind, EffectStatus,
+    EffectTransition, Entity, Event, ExecutorScope, HeartbeatAction, Interaction, MAX_PAGE,
+    NewAction, NewAgent, NewCheckpoint, NewCommand, NewEffect, NewEvent, NewItem, NewSession,
+    Resolution, RetentionPolicy, Segment, SegmentEnd, SegmentOutcome, SegmentStart, SessionCommand,
+    SessionCommit, SessionFilter, SessionStatus, StaleReason, Store, StoreError, TurnCheckpoint,
 };
 use libtest_mimic::Trial;
 use serde_json::{Value, json};
@@ -70,7 +70,7 @@ conformance!(
     one_checkpoint_is_live_per_session,
     commands_replay_their_first_response_and_reject_another_body,
     effects_begin_once_and_move_only_under_their_guards,
-    recovery_marks_in_flight_effects_uncertain,
+    a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain,
     actions_are_claimed_heartbeated_and_completed_under_their_generation,
     expired_action_claims_become_uncertain,
     runnable_sessions_are_leased_to_one_replica_at_a_time,
@@ -83,14 +83,24 @@ conformance!(
     retention_prunes_superseded_checkpoints,
     out_of_range_arguments_are_rejected,
     the_change_feed_announces_committed_events_and_work,
-    cancel_turn_fences_the_turn_in_one_transaction,
+    a_cancel_fences_the_turn_in_one_transaction,
+    a_cancel_is_announced_as_such,
     a_cancel_racing_a_turn_completion_has_one_winner,
     action_results_complete_action_effect_and_session_together,
     uncertain_effects_are_resolved_by_retry_or_outcome,
     start_up_recovery_marks_every_in_flight_effect_uncertain,
     commits_are_guarded_on_turn_and_status,
-    sessions_actions_and_effects_page_by_key,
-    claim_next_spreads_executors_over_the_work,
+    sessions_page_by_key,
+    a_message_starts_a_turn_only_on_a_settled_session,
+    a_replayed_command_answers_its_first_response,
+    approve_and_respond_decide_the_interaction_a_turn_is_paused_on,
+    start_segment_runs_each_runnable_session_on_one_replica,
+    start_segment_settles_a_session_with_nothing_to_run,
+    a_completed_segment_ends_the_turn_and_releases_the_lease,
+    a_failed_segment_fails_the_turn,
+    a_waiting_turn_runs_again_when_a_result_lands_during_its_segment,
+    a_cancelled_or_stopped_segment_applies_no_outcome,
+    a_segment_finishes_under_its_fence_until_taken_over,
     retention_prunes_the_history_of_closed_sessions_per_tenant,
 );
 
@@ -683,10 +693,12 @@ async fn effects_begin_once_and_move_only_under_their_guards(f: &Fixture) -> any
     Ok(())
 }
 
-async fn recovery_marks_in_flight_effects_uncertain(f: &Fixture) -> anyhow::Result<()> {
+async fn a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain(
+    f: &Fixture,
+) -> anyhow::Result<()> {
     let store = &*f.store;
     session(store, "s1").await?;
-    set_turn(store, "s1", SessionStatus::Running, Some("t1")).await?;
+    set_turn_with_checkpoint(store, "s1", SessionStatus::Running, "t1").await?;
     store
         .begin_effect(BeginEffect::new("s1", model_call("e-old", "t0", json!(0))))
         .await?;
@@ -713,18 +725,24 @@ async fn recovery_marks_in_flight_effects_uncertain(f: &Fixture) -> anyhow::Resu
     applied(store.commit(complete).await?)?;
     let before = store.get_session("s1").await?.last_cursor;
 
-    let lease = f.peer.acquire_session("s1", "replica-b", LONG).await?;
-    let changed = f
-        .peer
-        .mark_in_flight_effects_uncertain(&lease.fence(), "replica crashed")
-        .await?;
-    let ids: HashSet<String> = changed.iter().map(|e| e.effect_id.clone()).collect();
-    ensure!(
-        ids == HashSet::from(["e1".to_owned(), "e-old".to_owned()]),
-        "changed {ids:?}"
-    );
+    // The previous holder's lease is live: nobody takes over.
+    let old = store.acquire_session("s1", "replica-a", SHORT).await?;
+    let found = f.peer.start_segment("replica-b", LONG).await?;
+    ensure!(found == SegmentStart::Idle, "held by replica-a: {found:?}");
+    tokio::time::sleep(PAST_SHORT).await;
+    match f.peer.start_segment("replica-b", LONG).await? {
+        SegmentStart::Settled {
+            session_id,
+            effects_uncertain,
+        } => ensure!(
+            session_id == "s1" && effects_uncertain == 2,
+            "settled {session_id} with {effects_uncertain} uncertain"
+        ),
+        other => anyhow::bail!("expected the session settled as uncertain, got {other:?}"),
+    }
     let e1 = store.get_effect("e1").await?;
-    ensure!(e1.status == EffectStatus::Uncertain && e1.error.as_deref() == Some("replica crashed"));
+    ensure!(e1.status == EffectStatus::Uncertain && e1.error.is_some());
+    ensure!(store.get_effect("e-old").await?.status == EffectStatus::Uncertain);
     ensure!(
         store.get_effect("e2").await?.status == EffectStatus::Completed,
         "completed stays"
@@ -733,8 +751,20 @@ async fn recovery_marks_in_flight_effects_uncertain(f: &Fixture) -> anyhow::Resu
         store.get_effect("e3").await?.status == EffectStatus::Pending,
         "pending stays"
     );
-    let session = store.get_session("s1").await?;
-    ensure!(session.status == SessionStatus::Uncertain);
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Uncertain && s.active_turn_id.as_deref() == Some("t1"));
+    ensure!(s.owner.is_none(), "the lease is released: {:?}", s.owner);
+    ensure!(
+        s.generation == old.generation + 1,
+        "taken over at the next generation"
+    );
+    ensure!(
+        store
+            .live_checkpoint("s1")
+            .await?
+            .is_some_and(|c| c.turn_id == "t1"),
+        "the turn's checkpoint is kept for after the resolution"
+    );
     // Only the active turn's effect is surfaced as an event.
     let events = store.list_events("s1", before, 10).await?;
     ensure!(events.len() == 1 && events[0].event_type == "effect.uncertain");
@@ -742,23 +772,38 @@ async fn recovery_marks_in_flight_effects_uncertain(f: &Fixture) -> anyhow::Resu
         events[0].payload["effectId"] == json!("e1")
             && events[0].payload["kind"] == json!("model_call")
     );
+    let found = f.peer.start_segment("replica-b", LONG).await?;
     ensure!(
-        f.peer
-            .mark_in_flight_effects_uncertain(&lease.fence(), "again")
-            .await?
-            .is_empty(),
-        "nothing left in flight"
+        found == SegmentStart::Idle,
+        "an uncertain session does not run: {found:?}"
     );
-    f.peer.release_lease(&lease.fence()).await?;
+    // The previous holder can no longer write.
+    let mut late = SessionCommit::new("s1");
+    late.fence = Some(old.fence());
+    late.events.push(event("late", json!({})));
     expect_err!(
-        store
-            .mark_in_flight_effects_uncertain(&lease.fence(), "late")
-            .await,
+        store.commit(late).await,
         StoreError::StaleGeneration {
-            reason: StaleReason::NotHeld,
+            reason: StaleReason::Superseded,
             ..
         }
     );
+
+    // Only in-flight effects of an older turn: the session still runs its turn.
+    session(store, "s2").await?;
+    set_turn_with_checkpoint(store, "s2", SessionStatus::Running, "t2").await?;
+    let mut older = invoking_effect("s2-old", "t1");
+    older.session_id = "s2".into();
+    store.begin_effect(older).await?;
+    store.acquire_session("s2", "replica-a", SHORT).await?;
+    tokio::time::sleep(PAST_SHORT).await;
+    let segment = start(&*f.peer, "replica-b").await?;
+    ensure!(segment.session.id == "s2" && segment.turn_id == "t2" && segment.segment == 0);
+    ensure!(segment.effects_uncertain == 1, "{segment:?}");
+    ensure!(segment.checkpoint == TurnCheckpoint::new_turn("t2", "hi"));
+    ensure!(segment.lease.replica_id == "replica-b" && segment.lease.generation == 2);
+    ensure!(segment.session.status == SessionStatus::Running);
+    ensure!(store.get_effect("s2-old").await?.status == EffectStatus::Uncertain);
     Ok(())
 }
 
@@ -1626,7 +1671,8 @@ async fn the_change_feed_announces_committed_events_and_work(f: &Fixture) -> any
                 notice
                     == EventNotice {
                         session_id: "s1".into(),
-                        cursor
+                        cursor,
+                        cancelled: false,
                     },
                 "got {notice:?}"
             );
@@ -1671,40 +1717,241 @@ fn invoking_effect(id: &str, turn: &str) -> BeginEffect {
     )
 }
 
-async fn cancel_turn_fences_the_turn_in_one_transaction(f: &Fixture) -> anyhow::Result<()> {
+/// The checkpoint data of a new turn, as `message` writes it.
+fn new_turn(turn: &str, message: &str) -> anyhow::Result<Value> {
+    Ok(serde_json::to_value(TurnCheckpoint::new_turn(
+        turn, message,
+    ))?)
+}
+
+/// Moves a session into `status` with `turn` active and a live checkpoint to run it from.
+async fn set_turn_with_checkpoint(
+    store: &dyn Store,
+    session_id: &str,
+    status: SessionStatus,
+    turn: &str,
+) -> anyhow::Result<()> {
+    let mut commit = SessionCommit::new(session_id);
+    commit.patch.status = Some(status);
+    commit.patch.active_turn_id = Some(Some(turn.to_owned()));
+    commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+        turn,
+        0,
+        new_turn(turn, "hi")?,
+    )));
+    applied(store.commit(commit).await?)?;
+    Ok(())
+}
+
+fn message(session_id: &str, key: &str, turn: &str, content: &str) -> SessionCommand {
+    SessionCommand::new(
+        session_id,
+        key,
+        json!({"type": "message", "content": content}),
+        CommandKind::Message {
+            turn_id: turn.to_owned(),
+            content: content.to_owned(),
+        },
+    )
+}
+
+fn cancel(session_id: &str, key: &str, reason: Option<&str>) -> SessionCommand {
+    SessionCommand::new(
+        session_id,
+        key,
+        json!({"type": "cancel", "reason": reason}),
+        CommandKind::Cancel {
+            reason: reason.map(str::to_owned),
+        },
+    )
+}
+
+fn approve(key: &str, interaction: &str, approved: bool, reason: Option<&str>) -> SessionCommand {
+    SessionCommand::new(
+        "s1",
+        key,
+        json!({"type": "approve", "interactionId": interaction, "approved": approved}),
+        CommandKind::Approve {
+            interaction_id: interaction.to_owned(),
+            approved,
+            reason: reason.map(str::to_owned),
+        },
+    )
+}
+
+fn respond(key: &str, interaction: &str, value: Value) -> SessionCommand {
+    SessionCommand::new(
+        "s1",
+        key,
+        json!({"type": "respond", "interactionId": interaction, "value": value}),
+        CommandKind::Respond {
+            interaction_id: interaction.to_owned(),
+            value,
+        },
+    )
+}
+
+/// An executor's result for `action` of session `s1`.
+fn action_result(
+    key: &str,
+    action: &str,
+    claim_id: &str,
+    generation: u64,
+    outcome: &Value,
+) -> SessionCommand {
+    SessionCommand::new(
+        "s1",
+        key,
+        json!({
+            "type": "action_result", "actionId": action, "claimId": claim_id,
+            "generation": generation, "outcome": outcome,
+        }),
+        CommandKind::ActionResult {
+            action_id: action.to_owned(),
+            claim_id: claim_id.to_owned(),
+            generation,
+            outcome: outcome.clone(),
+            scope: None,
+        },
+    )
+}
+
+/// An operator's resolution of `effect` of session `s1`.
+fn resolve(key: &str, effect: &str, resolution: Resolution) -> SessionCommand {
+    let decision = match &resolution {
+        Resolution::Retry => json!({"retry": true}),
+        Resolution::Complete(outcome) => json!({"outcome": outcome}),
+        other => json!(format!("{other:?}")),
+    };
+    SessionCommand::new(
+        "s1",
+        key,
+        json!({"type": "resolve", "effectId": effect, "decision": decision}),
+        CommandKind::Resolve {
+            effect_id: effect.to_owned(),
+            resolution,
+        },
+    )
+}
+
+/// The segment `replica` starts, failing unless there is one to run.
+async fn start(store: &dyn Store, replica: &str) -> anyhow::Result<Segment> {
+    match store.start_segment(replica, LONG).await? {
+        SegmentStart::Run(segment) => Ok(*segment),
+        other => anyhow::bail!("expected a segment to run, got {other:?}"),
+    }
+}
+
+/// The session's last event.
+async fn last_event(store: &dyn Store, session_id: &str) -> anyhow::Result<Event> {
+    let cursor = store.get_session(session_id).await?.last_cursor;
+    store
+        .list_events(session_id, cursor.saturating_sub(1), 1)
+        .await?
+        .pop()
+        .context("the session has events")
+}
+
+fn interaction(id: &str, kind: &str) -> Interaction {
+    Interaction {
+        interaction_id: id.to_owned(),
+        kind: kind.to_owned(),
+        tool_name: "run_js".to_owned(),
+        capability_id: Some("ops.deploy".to_owned()),
+        arguments: json!({"env": "prod"}),
+        arguments_sha256: "0".repeat(64),
+    }
+}
+
+/// What the turn engine does when a segment must wait for a person: writes the next segment's
+/// checkpoint with the pending interactions under the segment's fence, then ends it paused.
+async fn pause(
+    store: &dyn Store,
+    segment: &Segment,
+    pending: Vec<Interaction>,
+) -> anyhow::Result<TurnCheckpoint> {
+    let mut paused = segment.checkpoint.clone();
+    paused.pending = pending;
+    let next = segment.segment + 1;
+    let mut write = SessionCommit::new(&segment.session.id);
+    write.fence = Some(segment.lease.fence());
+    write.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+        &segment.turn_id,
+        next,
+        serde_json::to_value(&paused)?,
+    )));
+    applied(store.commit(write).await?)?;
+    let (end, uncertain) = store
+        .finish_segment(
+            &segment.lease.fence(),
+            &segment.turn_id,
+            next,
+            SegmentOutcome::Paused {
+                checkpoint: paused.clone(),
+            },
+            None,
+        )
+        .await?;
+    ensure!(
+        end == SegmentEnd::Applied && uncertain == 0,
+        "{end:?}, {uncertain}"
+    );
+    Ok(paused)
+}
+
+fn completed(items: Vec<Value>) -> SegmentOutcome {
+    SegmentOutcome::Completed {
+        output: json!({"text": "done"}),
+        items,
+    }
+}
+
+async fn a_cancel_fences_the_turn_in_one_transaction(f: &Fixture) -> anyhow::Result<()> {
     let store = &*f.store;
     session(store, "s1").await?;
-    let mut start = SessionCommit::new("s1");
-    start.patch.status = Some(SessionStatus::Running);
-    start.patch.active_turn_id = Some(Some("t1".into()));
-    start.patch.state = Some(json!({"plan": "t1"}));
-    start.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new("t1", 0, json!({}))));
-    applied(store.commit(start).await?)?;
+    let mut begin = SessionCommit::new("s1");
+    begin.patch.status = Some(SessionStatus::Running);
+    begin.patch.active_turn_id = Some(Some("t1".into()));
+    begin.patch.state = Some(json!({"plan": "t1"}));
+    begin.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+        "t1",
+        0,
+        new_turn("t1", "hi")?,
+    )));
+    applied(store.commit(begin).await?)?;
     store.begin_effect(action_effect("a1", "t1")).await?;
     store.begin_effect(action_effect("a2", "t1")).await?;
     store.begin_effect(invoking_effect("m1", "t1")).await?;
     store.claim_action(claim("a2", "c2", LONG)).await?;
+    let before = store.get_session("s1").await?;
 
-    let mut wrong = CancelTurn::new("s1");
-    wrong.expect_turn = Some(Some("t0".into()));
-    expect_err!(store.cancel_turn(wrong).await, StoreError::Conflict { .. });
-
-    let mut cancel = CancelTurn::new("s1");
-    cancel.expect_turn = Some(Some("t1".into()));
-    cancel.reason = Some("user".into());
-    cancel.restore_state = Some(json!({"plan": null}));
-    cancel.command = Some(NewCommand::new(
-        "k1",
-        json!({"type": "cancel"}),
-        json!({"ok": 1}),
-    ));
-    let receipt = applied(f.peer.cancel_turn(cancel.clone()).await?)?;
-    ensure!(receipt.events.len() == 1 && receipt.events[0].event_type == "turn.cancelled");
-    ensure!(receipt.events[0].payload == json!({"reason": "user"}));
-    ensure!(receipt.events[0].turn_id.as_deref() == Some("t1"));
+    let mut command = cancel("s1", "k1", Some("user"));
+    command.decided_by = Some("ops".into());
+    command.request_id = Some("req-1".into());
+    let receipt = f.peer.run_command(command.clone()).await?;
+    ensure!(
+        !receipt.replayed && receipt.effects_uncertain == 2,
+        "{receipt:?}"
+    );
+    ensure!(
+        receipt.response
+            == json!({
+                "status": "accepted", "turnId": "t1", "cursor": before.last_cursor + 1,
+                "requestId": "req-1",
+            }),
+        "{receipt:?}"
+    );
+    let events = store.list_events("s1", before.last_cursor, 10).await?;
+    ensure!(events.len() == 1 && events[0].event_type == "turn.cancelled");
+    ensure!(events[0].payload == json!({"reason": "user", "decidedBy": "ops"}));
+    ensure!(events[0].turn_id.as_deref() == Some("t1"));
     let s = store.get_session("s1").await?;
     ensure!(s.status == SessionStatus::Cancelled && s.active_turn_id.is_none());
-    ensure!(s.state == json!({"plan": null}));
+    ensure!(
+        s.state == json!({"plan": "t1", "server": {"waits": null, "error": null}}),
+        "state {}",
+        s.state
+    );
     ensure!(store.live_checkpoint("s1").await?.is_none());
     ensure!(store.get_action("a1").await?.status == ActionStatus::Cancelled);
     ensure!(store.get_effect("a1").await?.status == EffectStatus::Cancelled);
@@ -1712,11 +1959,14 @@ async fn cancel_turn_fences_the_turn_in_one_transaction(f: &Fixture) -> anyhow::
     ensure!(store.get_effect("a2").await?.status == EffectStatus::Uncertain);
     let model = store.get_effect("m1").await?;
     ensure!(model.status == EffectStatus::Uncertain && model.error.is_some());
-    // A replay answers with the first response; a claim or heartbeat on the turn fails.
-    ensure!(matches!(
-        store.cancel_turn(cancel).await?,
-        CommitOutcome::Replayed(_)
-    ));
+    ensure!(
+        store.get_command("s1", "k1").await?.map(|r| r.response) == Some(receipt.response.clone())
+    );
+    // A replay answers with the first response and writes nothing; a claim or heartbeat on the
+    // turn fails.
+    let replay = store.run_command(command).await?;
+    ensure!(replay.replayed && replay.response == receipt.response);
+    ensure!(store.get_session("s1").await?.last_cursor == s.last_cursor);
     expect_err!(
         store
             .heartbeat_action(HeartbeatAction::new("a2", "c2", 1, LONG))
@@ -1726,58 +1976,93 @@ async fn cancel_turn_fences_the_turn_in_one_transaction(f: &Fixture) -> anyhow::
     Ok(())
 }
 
+async fn a_cancel_is_announced_as_such(f: &Fixture) -> anyhow::Result<()> {
+    use corral_store::EventNotice;
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let mut mine = store.subscribe_events();
+    let mut theirs = f.peer.subscribe_events();
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    for receiver in [&mut mine, &mut theirs] {
+        let notice = next_notice(receiver).await?;
+        let expected = EventNotice {
+            session_id: "s1".into(),
+            cursor: 1,
+            cancelled: false,
+        };
+        ensure!(notice == expected, "got {notice:?}");
+    }
+    f.peer.run_command(cancel("s1", "k2", None)).await?;
+    for receiver in [&mut mine, &mut theirs] {
+        let notice = next_notice(receiver).await?;
+        let expected = EventNotice {
+            session_id: "s1".into(),
+            cursor: 2,
+            cancelled: true,
+        };
+        ensure!(notice == expected, "got {notice:?}");
+    }
+    Ok(())
+}
+
 async fn a_cancel_racing_a_turn_completion_has_one_winner(f: &Fixture) -> anyhow::Result<()> {
     let store = &*f.store;
     session(store, "s1").await?;
     for round in 0..10 {
         let turn = format!("t{round}");
-        set_turn(store, "s1", SessionStatus::Running, Some(&turn)).await?;
-        let mut complete = SessionCommit::new("s1");
-        complete.expect_turn = Some(Some(turn.clone()));
-        complete.patch.status = Some(SessionStatus::Completed);
-        complete.patch.active_turn_id = Some(None);
-        complete
-            .events
-            .push(event("turn.completed", json!({})).in_turn(turn.clone()));
-        let mut cancel = CancelTurn::new("s1");
-        cancel.expect_turn = Some(Some(turn.clone()));
+        store
+            .run_command(message("s1", &format!("m{round}"), &turn, "hi"))
+            .await?;
+        let segment = start(store, "r1").await?;
+        ensure!(segment.turn_id == turn);
+        let before = store.get_session("s1").await?;
         let barrier = Barrier::new(2);
-        let (completed, cancelled) = tokio::join!(
+        let (finished, cancelled) = tokio::join!(
             async {
                 barrier.wait().await;
-                f.store.commit(complete).await
+                f.store
+                    .finish_segment(
+                        &segment.lease.fence(),
+                        &turn,
+                        segment.segment,
+                        completed(vec![json!({"round": round})]),
+                        None,
+                    )
+                    .await
             },
             async {
                 barrier.wait().await;
-                f.peer.cancel_turn(cancel).await
+                f.peer
+                    .run_command(cancel("s1", &format!("c{round}"), None))
+                    .await
             }
         );
+        let (end, _) = finished?;
+        cancelled?;
         let s = store.get_session("s1").await?;
-        ensure!(s.active_turn_id.is_none());
-        match (completed, cancelled) {
-            (Ok(_), Err(StoreError::Conflict { .. })) => {
-                ensure!(s.status == SessionStatus::Completed)
+        ensure!(s.active_turn_id.is_none() && s.owner.is_none());
+        let finals: Vec<String> = store
+            .list_events("s1", before.last_cursor, 10)
+            .await?
+            .into_iter()
+            .filter(|e| e.turn_id.as_deref() == Some(turn.as_str()))
+            .filter(|e| ["turn.completed", "turn.cancelled"].contains(&e.event_type.as_str()))
+            .map(|e| e.event_type)
+            .collect();
+        match end {
+            SegmentEnd::Applied => {
+                ensure!(finals == ["turn.completed"], "round {round}: {finals:?}");
+                ensure!(s.last_item_seq == before.last_item_seq + 1);
             }
-            (Err(StoreError::Conflict { .. }), Ok(_)) => {
-                ensure!(s.status == SessionStatus::Cancelled)
+            SegmentEnd::Unchanged => {
+                ensure!(finals == ["turn.cancelled"], "round {round}: {finals:?}");
+                ensure!(s.status == SessionStatus::Cancelled);
+                ensure!(s.last_item_seq == before.last_item_seq, "nothing appended");
             }
-            other => anyhow::bail!("round {round}: not exactly one winner: {other:?}"),
+            other => anyhow::bail!("round {round}: unexpected {other:?}"),
         }
-        let last = store.list_events("s1", s.last_cursor - 1, 1).await?;
-        ensure!(
-            ["turn.completed", "turn.cancelled"].contains(&last[0].event_type.as_str()),
-            "one final event"
-        );
     }
     Ok(())
-}
-
-fn result_command(key: &str, outcome: &Value) -> NewCommand {
-    NewCommand::new(
-        key,
-        json!({"type": "action_result", "outcome": outcome}),
-        json!({"status": "accepted"}),
-    )
 }
 
 async fn action_results_complete_action_effect_and_session_together(
@@ -1787,6 +2072,8 @@ async fn action_results_complete_action_effect_and_session_together(
     session(store, "s1").await?;
     set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
     store.begin_effect(action_effect("a1", "t1")).await?;
+    store.begin_effect(action_effect("a3", "t1")).await?;
+    store.claim_action(claim("a3", "c3", SHORT)).await?;
     let claimed = store.claim_action(claim("a1", "c1", LONG)).await?;
     // The same claim again is the same grant.
     let again = f.peer.claim_action(claim("a1", "c1", LONG)).await?;
@@ -1796,68 +2083,134 @@ async fn action_results_complete_action_effect_and_session_together(
         StoreError::Conflict { .. }
     );
 
-    let outcome = json!({"ok": true, "value": 42});
-    let stale = CompleteAction::new(
-        "s1",
-        "a1",
-        "c1",
-        2,
-        outcome.clone(),
-        result_command("r0", &outcome),
+    let outcome = json!({"value": 42});
+    expect_err!(
+        store
+            .run_command(action_result("r0", "a1", "c1", 2, &outcome))
+            .await,
+        StoreError::StaleGeneration {
+            entity: Entity::Action,
+            presented: 2,
+            current: 1,
+            ..
+        }
     );
     expect_err!(
-        store.complete_action(stale).await,
-        StoreError::StaleGeneration { .. }
+        store
+            .run_command(action_result("r0", "a1", "c9", 1, &outcome))
+            .await,
+        StoreError::StaleGeneration {
+            entity: Entity::Action,
+            ..
+        }
     );
-    let done = CompleteAction::new(
-        "s1",
-        "a1",
-        "c1",
-        1,
-        outcome.clone(),
-        result_command("r1", &outcome),
+    let mut outside = action_result("r0", "a1", "c1", 1, &outcome);
+    if let CommandKind::ActionResult { scope, .. } = &mut outside.kind {
+        *scope = Some(ExecutorScope::new("helper", "sha256:other", "1.0.0"));
+    }
+    expect_err!(
+        store.run_command(outside).await,
+        StoreError::Forbidden { .. }
     );
-    let receipt = applied(store.complete_action(done.clone()).await?)?;
-    ensure!(receipt.session.status == SessionStatus::Runnable);
-    ensure!(receipt.events[0].event_type == "action.completed");
-    ensure!(receipt.events[0].payload == json!({"actionId": "a1", "result": 42}));
+    expect_err!(
+        store
+            .run_command(action_result("r0", "nope", "c1", 1, &outcome))
+            .await,
+        StoreError::NotFound {
+            entity: Entity::Action,
+            ..
+        }
+    );
+    ensure!(
+        store.get_action("a1").await?.status == ActionStatus::Claimed,
+        "nothing applied"
+    );
+
+    let before = store.get_session("s1").await?.last_cursor;
+    let done = action_result("r1", "a1", "c1", 1, &outcome);
+    let receipt = store.run_command(done.clone()).await?;
+    ensure!(!receipt.replayed, "{receipt:?}");
+    ensure!(
+        receipt.response
+            == json!({"status": "accepted", "turnId": "t1", "cursor": before + 1, "requestId": null}),
+        "{receipt:?}"
+    );
+    ensure!(store.get_session("s1").await?.status == SessionStatus::Runnable);
+    let events = store.list_events("s1", before, 10).await?;
+    ensure!(events.len() == 1 && events[0].event_type == "action.completed");
+    ensure!(
+        events[0].payload
+            == json!({"actionId": "a1", "capabilityId": "ops.deploy", "result": outcome}),
+        "{:?}",
+        events[0].payload
+    );
+    ensure!(events[0].turn_id.as_deref() == Some("t1"));
     let action = store.get_action("a1").await?;
-    ensure!(action.status == ActionStatus::Completed && action.result == Some(outcome.clone()));
+    ensure!(action.status == ActionStatus::Completed);
+    ensure!(
+        action.result == Some(json!({"claimId": "c1", "generation": 1, "outcome": outcome})),
+        "{:?}",
+        action.result
+    );
     let effect = store.get_effect("a1").await?;
     ensure!(effect.status == EffectStatus::Completed && effect.result == Some(outcome.clone()));
-    let first = receipt.command.context("the command is recorded")?;
 
     // Again under the same key, or another key: the first receipt.
-    let CommitOutcome::Replayed(replay) = f.peer.complete_action(done).await? else {
-        anyhow::bail!("not a replay");
-    };
-    ensure!(replay.cursor == first.cursor && replay.response == first.response);
-    let other_key = CompleteAction::new(
-        "s1",
-        "a1",
-        "c1",
-        1,
-        outcome.clone(),
-        result_command("r2", &outcome),
+    let replay = f.peer.run_command(done).await?;
+    ensure!(replay.replayed && replay.response == receipt.response);
+    let replay = store
+        .run_command(action_result("r2", "a1", "c1", 1, &outcome))
+        .await?;
+    ensure!(replay.replayed && replay.response == receipt.response);
+    ensure!(
+        store.get_command("s1", "r2").await?.map(|r| r.response) == Some(receipt.response.clone())
     );
-    let CommitOutcome::Replayed(replay) = store.complete_action(other_key).await? else {
-        anyhow::bail!("not a replay");
-    };
-    ensure!(replay.cursor == first.cursor);
-    ensure!(store.get_command("s1", "r2").await?.is_some());
-    let different = json!({"ok": false});
-    let conflicting = CompleteAction::new(
-        "s1",
-        "a1",
-        "c1",
-        1,
-        different.clone(),
-        result_command("r3", &different),
+    ensure!(
+        store.get_session("s1").await?.last_cursor == before + 1,
+        "nothing appended"
+    );
+    let different = json!({"error": "boom"});
+    expect_err!(
+        store
+            .run_command(action_result("r3", "a1", "c1", 1, &different))
+            .await,
+        StoreError::Conflict {
+            entity: Entity::Action,
+            ..
+        }
     );
     expect_err!(
-        store.complete_action(conflicting).await,
-        StoreError::Conflict { .. }
+        store
+            .run_command(action_result("r1", "a1", "c1", 1, &different))
+            .await,
+        StoreError::Conflict { entity: Entity::Command, id, .. } if id == "r1"
     );
+
+    // The claim must be unexpired.
+    tokio::time::sleep(PAST_SHORT).await;
+    expect_err!(
+        store
+            .run_command(action_result("r4", "a3", "c3", 1, &outcome))
+            .await,
+        StoreError::StaleGeneration {
+            reason: StaleReason::Expired,
+            ..
+        }
+    );
+    // And its turn the active one.
+    store.begin_effect(action_effect("a2", "t1")).await?;
+    store.claim_action(claim("a2", "c2", LONG)).await?;
+    set_turn(store, "s1", SessionStatus::Running, Some("t2")).await?;
+    expect_err!(
+        store
+            .run_command(action_result("r5", "a2", "c2", 1, &outcome))
+            .await,
+        StoreError::Conflict {
+            entity: Entity::Action,
+            ..
+        }
+    );
+    ensure!(store.get_action("a2").await?.status == ActionStatus::Claimed);
     Ok(())
 }
 
@@ -1865,35 +2218,49 @@ async fn uncertain_effects_are_resolved_by_retry_or_outcome(f: &Fixture) -> anyh
     let store = &*f.store;
     session(store, "s1").await?;
     set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    store.begin_effect(invoking_effect("m0", "t0")).await?;
     store.begin_effect(action_effect("a1", "t1")).await?;
     store.begin_effect(invoking_effect("m1", "t1")).await?;
     store.claim_action(claim("a1", "c1", SHORT)).await?;
     tokio::time::sleep(PAST_SHORT).await;
     ensure!(store.expire_action_claims().await?.len() == 1);
-    ensure!(
-        store
-            .recover_in_flight_effects("restart", true)
-            .await?
-            .len()
-            == 1
-    );
+    ensure!(store.recover_in_flight_effects("restart", true).await? == 2);
     ensure!(store.get_session("s1").await?.status == SessionStatus::Uncertain);
 
     expect_err!(
         store
-            .resolve_effect(ResolveEffect::new("s1", "nope", Resolution::Retry))
+            .run_command(resolve("k0", "nope", Resolution::Retry))
             .await,
-        StoreError::NotFound { .. }
+        StoreError::NotFound {
+            entity: Entity::Effect,
+            ..
+        }
+    );
+    // Only the active turn's effects are resolved.
+    expect_err!(
+        store
+            .run_command(resolve("k0", "m0", Resolution::Retry))
+            .await,
+        StoreError::Conflict {
+            entity: Entity::Effect,
+            ..
+        }
     );
     let mut work = f.peer.subscribe_work();
-    let receipt = applied(
-        store
-            .resolve_effect(ResolveEffect::new("s1", "a1", Resolution::Retry))
-            .await?,
-    )?;
-    ensure!(receipt.events[0].event_type == "effect.resolved");
+    let before = store.get_session("s1").await?.last_cursor;
+    let mut retry = resolve("k1", "a1", Resolution::Retry);
+    retry.decided_by = Some("ops".into());
+    let receipt = store.run_command(retry).await?;
+    ensure!(!receipt.replayed && receipt.response["cursor"] == json!(before + 1));
+    let event = last_event(store, "s1").await?;
+    ensure!(event.event_type == "effect.resolved" && event.turn_id.as_deref() == Some("t1"));
     ensure!(
-        receipt.session.status == SessionStatus::Uncertain,
+        event.payload == json!({"effectId": "a1", "decidedBy": "ops", "retry": true}),
+        "{:?}",
+        event.payload
+    );
+    ensure!(
+        store.get_session("s1").await?.status == SessionStatus::Uncertain,
         "m1 is still uncertain"
     );
     ensure!(next_notice(&mut work).await?.action_id == "a1");
@@ -1902,26 +2269,39 @@ async fn uncertain_effects_are_resolved_by_retry_or_outcome(f: &Fixture) -> anyh
     ensure!(store.get_effect("a1").await?.status == EffectStatus::Pending);
     expect_err!(
         store
-            .resolve_effect(ResolveEffect::new("s1", "a1", Resolution::Retry))
+            .run_command(resolve("k2", "a1", Resolution::Retry))
             .await,
-        StoreError::Conflict { .. }
+        StoreError::Conflict {
+            entity: Entity::Effect,
+            ..
+        }
     );
-    let receipt = applied(
-        store
-            .resolve_effect(ResolveEffect::new(
-                "s1",
-                "m1",
-                Resolution::Complete(json!({"text": "hi"})),
-            ))
-            .await?,
-    )?;
-    ensure!(receipt.session.status == SessionStatus::Runnable);
+    store
+        .run_command(resolve(
+            "k3",
+            "m1",
+            Resolution::Complete(json!({"text": "hi"})),
+        ))
+        .await?;
+    ensure!(store.get_session("s1").await?.status == SessionStatus::Runnable);
     let model = store.get_effect("m1").await?;
     ensure!(model.status == EffectStatus::Completed && model.result == Some(json!({"text": "hi"})));
     let reclaimed = store.claim_action(claim("a1", "c2", LONG)).await?;
     ensure!(
         reclaimed.action.generation == 2,
         "generations keep increasing"
+    );
+    // Once the turn is cancelled, its uncertain effects are no longer resolved.
+    store.run_command(cancel("s1", "k4", None)).await?;
+    ensure!(store.get_effect("a1").await?.status == EffectStatus::Uncertain);
+    expect_err!(
+        store
+            .run_command(resolve("k5", "a1", Resolution::Retry))
+            .await,
+        StoreError::Conflict {
+            entity: Entity::Effect,
+            ..
+        }
     );
     Ok(())
 }
@@ -1938,22 +2318,666 @@ async fn start_up_recovery_marks_every_in_flight_effect_uncertain(
     other.session_id = "s2".into();
     set_turn(store, "s2", SessionStatus::Running, Some("t2")).await?;
     store.begin_effect(other).await?;
-    // s2 is leased by a live replica: skipped unless leased_too.
+    // s1's holder is gone (its lease expired); s2 is leased by a live replica: skipped unless
+    // leased_too.
+    store.acquire_session("s1", "replica-a", SHORT).await?;
     store.acquire_session("s2", "replica-b", LONG).await?;
-    let changed = f.peer.recover_in_flight_effects("restarted", false).await?;
-    ensure!(changed.len() == 1 && changed[0].effect_id == "m1");
+    tokio::time::sleep(PAST_SHORT).await;
+    ensure!(f.peer.recover_in_flight_effects("restarted", false).await? == 1);
+    let m1 = store.get_effect("m1").await?;
+    ensure!(m1.status == EffectStatus::Uncertain && m1.error.as_deref() == Some("restarted"));
+    ensure!(store.get_effect("m2").await?.status == EffectStatus::Invoking);
     let s1 = store.get_session("s1").await?;
     ensure!(s1.status == SessionStatus::Uncertain);
-    let last = store.list_events("s1", s1.last_cursor - 1, 1).await?;
-    ensure!(last[0].event_type == "effect.uncertain");
-    let changed = store.recover_in_flight_effects("restarted", true).await?;
-    ensure!(changed.len() == 1 && changed[0].effect_id == "m2");
+    ensure!(s1.owner.is_none(), "the dead holder's lease is released");
+    ensure!(last_event(store, "s1").await?.event_type == "effect.uncertain");
+    let s2 = store.get_session("s2").await?;
+    ensure!(
+        s2.owner.is_some_and(|o| o.replica_id == "replica-b"),
+        "s2 untouched"
+    );
+    ensure!(store.recover_in_flight_effects("restarted", true).await? == 1);
+    ensure!(store.get_effect("m2").await?.status == EffectStatus::Uncertain);
+    let s2 = store.get_session("s2").await?;
+    ensure!(s2.status == SessionStatus::Uncertain && s2.owner.is_none());
+    ensure!(store.recover_in_flight_effects("again", true).await? == 0);
+    Ok(())
+}
+
+async fn a_message_starts_a_turn_only_on_a_settled_session(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let mut first = message("s1", "k1", "t1", "hi");
+    first.request_id = Some("req-1".into());
+    let receipt = f.peer.run_command(first).await?;
+    ensure!(!receipt.replayed && receipt.effects_uncertain == 0);
+    ensure!(
+        receipt.response
+            == json!({"status": "accepted", "turnId": "t1", "cursor": 1, "requestId": "req-1"}),
+        "{receipt:?}"
+    );
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Runnable && s.active_turn_id.as_deref() == Some("t1"));
+    ensure!(s.last_cursor == 1);
+    let live = store.live_checkpoint("s1").await?.context("segment 0")?;
+    ensure!(live.turn_id == "t1" && live.segment == 0 && live.data == new_turn("t1", "hi")?);
+    let events = store.list_events("s1", 0, 10).await?;
+    ensure!(events.len() == 1 && events[0].event_type == "command.message");
+    ensure!(events[0].payload == json!({"content": "hi"}));
+    ensure!(events[0].turn_id.as_deref() == Some("t1"));
+    let record = store.get_command("s1", "k1").await?.context("recorded")?;
+    ensure!(record.response == receipt.response && record.cursor == 1);
+
+    for status in [
+        SessionStatus::Runnable,
+        SessionStatus::Running,
+        SessionStatus::Waiting,
+        SessionStatus::Paused,
+        SessionStatus::Uncertain,
+    ] {
+        set_turn(store, "s1", status, Some("t1")).await?;
+        expect_err!(
+            store.run_command(message("s1", "k2", "t2", "again")).await,
+            StoreError::Conflict {
+                entity: Entity::Session,
+                ..
+            }
+        );
+    }
+    ensure!(
+        store.get_command("s1", "k2").await?.is_none(),
+        "a refused command is not recorded"
+    );
     ensure!(
         store
-            .recover_in_flight_effects("again", true)
+            .live_checkpoint("s1")
             .await?
-            .is_empty()
+            .is_some_and(|c| c.turn_id == "t1")
     );
+
+    for (n, status) in [
+        SessionStatus::Completed,
+        SessionStatus::Failed,
+        SessionStatus::Cancelled,
+        SessionStatus::Idle,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        set_turn(store, "s1", status, None).await?;
+        let turn = format!("t{}", n + 2);
+        store
+            .run_command(message("s1", &format!("k{}", n + 3), &turn, "next"))
+            .await?;
+        let s = store.get_session("s1").await?;
+        ensure!(s.status == SessionStatus::Runnable && s.active_turn_id.as_ref() == Some(&turn));
+        let live = store.live_checkpoint("s1").await?.context("segment 0")?;
+        ensure!(
+            live.turn_id == turn && live.segment == 0,
+            "after {status}: {live:?}"
+        );
+    }
+    expect_err!(
+        store.run_command(message("ghost", "k1", "t1", "hi")).await,
+        StoreError::NotFound {
+            entity: Entity::Session,
+            ..
+        }
+    );
+    expect_err!(
+        store.run_command(message("s1", "", "t9", "hi")).await,
+        StoreError::InvalidInput { .. }
+    );
+    Ok(())
+}
+
+async fn a_replayed_command_answers_its_first_response(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    session(store, "s2").await?;
+    let mut first = message("s1", "k1", "t1", "hi");
+    first.request_id = Some("req-1".into());
+    let receipt = store.run_command(first.clone()).await?;
+    let after = store.get_session("s1").await?;
+    // The session is no longer settled, but a replay is answered before the rules: the first
+    // response, request id included, and nothing written.
+    let mut again = first.clone();
+    again.request_id = Some("req-2".into());
+    let replay = f.peer.run_command(again).await?;
+    ensure!(
+        replay.replayed && replay.response == receipt.response,
+        "{replay:?}"
+    );
+    ensure!(replay.response["requestId"] == json!("req-1"));
+    let now = store.get_session("s1").await?;
+    ensure!(now.version == after.version && now.last_cursor == after.last_cursor);
+
+    let other = cancel("s1", "k1", None);
+    expect_err!(
+        store.run_command(other).await,
+        StoreError::Conflict { entity: Entity::Command, id, .. } if id == "k1"
+    );
+    let mut changed = first.clone();
+    changed.body = json!({"type": "message", "content": "changed"});
+    expect_err!(
+        store.run_command(changed).await,
+        StoreError::Conflict { entity: Entity::Command, id, .. } if id == "k1"
+    );
+    let now = store.get_session("s1").await?;
+    ensure!(now.status == SessionStatus::Runnable && now.last_cursor == after.last_cursor);
+
+    // Keys are scoped to their session.
+    let elsewhere = store.run_command(message("s2", "k1", "t9", "hi")).await?;
+    ensure!(!elsewhere.replayed && elsewhere.response["turnId"] == json!("t9"));
+    Ok(())
+}
+
+async fn approve_and_respond_decide_the_interaction_a_turn_is_paused_on(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    expect_err!(
+        store.run_command(approve("k2", "i1", true, None)).await,
+        StoreError::Conflict {
+            entity: Entity::Session,
+            ..
+        }
+    );
+    let segment = start(store, "r1").await?;
+    let paused = pause(store, &segment, vec![interaction("i1", "approval")]).await?;
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Paused && s.active_turn_id.as_deref() == Some("t1"));
+    ensure!(s.owner.is_none(), "the lease is released");
+    let pending = serde_json::to_value(&paused.pending)?;
+    ensure!(s.state["server"]["waits"] == pending, "state {}", s.state);
+    let event = last_event(store, "s1").await?;
+    ensure!(event.event_type == "turn.paused" && event.turn_id.as_deref() == Some("t1"));
+    ensure!(event.payload == json!({"interactions": pending}));
+    // The checkpoint is the one the turn engine wrote.
+    let live = store.live_checkpoint("s1").await?.context("live")?;
+    ensure!(live.segment == 1 && live.data == serde_json::to_value(&paused)?);
+    ensure!(live.created_at == live.updated_at, "not written again");
+    let idle = store.start_segment("r1", LONG).await?;
+    ensure!(
+        idle == SegmentStart::Idle,
+        "a paused session does not run: {idle:?}"
+    );
+
+    expect_err!(
+        store.run_command(approve("k2", "nope", true, None)).await,
+        StoreError::Conflict {
+            entity: Entity::Session,
+            ..
+        }
+    );
+    expect_err!(
+        store.run_command(respond("k2", "i1", json!("yes"))).await,
+        StoreError::Conflict {
+            entity: Entity::Session,
+            ..
+        }
+    );
+    let mut decision = approve("k3", "i1", true, Some("fine"));
+    decision.decided_by = Some("alice".into());
+    store.run_command(decision).await?;
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Runnable && s.state["server"]["waits"].is_null());
+    let live = store.live_checkpoint("s1").await?.context("live")?;
+    ensure!(live.turn_id == "t1" && live.segment == 2, "{live:?}");
+    let next: TurnCheckpoint = serde_json::from_value(live.data)?;
+    let mut expected = TurnCheckpoint::new_turn("t1", "hi");
+    expected.decisions.insert(
+        "i1".to_owned(),
+        Decision {
+            approved: true,
+            reason: Some("fine".into()),
+            value: None,
+        },
+    );
+    ensure!(next == expected, "{next:?}");
+    let event = last_event(store, "s1").await?;
+    ensure!(event.event_type == "command.approve" && event.turn_id.as_deref() == Some("t1"));
+    ensure!(
+        event.payload
+            == json!({"interactionId": "i1", "approved": true, "reason": "fine", "decidedBy": "alice"}),
+        "{:?}",
+        event.payload
+    );
+    expect_err!(
+        store.run_command(approve("k4", "i1", false, None)).await,
+        StoreError::Conflict {
+            entity: Entity::Session,
+            ..
+        }
+    );
+
+    // The next segment runs from the decision, and pauses on an input.
+    let segment = start(store, "r1").await?;
+    ensure!(segment.segment == 2 && segment.checkpoint == expected);
+    pause(store, &segment, vec![interaction("i2", "input")]).await?;
+    expect_err!(
+        store.run_command(approve("k5", "i2", true, None)).await,
+        StoreError::Conflict {
+            entity: Entity::Session,
+            ..
+        }
+    );
+    store
+        .run_command(respond("k6", "i2", json!({"answer": 42})))
+        .await?;
+    ensure!(store.get_session("s1").await?.status == SessionStatus::Runnable);
+    let live = store.live_checkpoint("s1").await?.context("live")?;
+    ensure!(live.segment == 4, "{live:?}");
+    let next: TurnCheckpoint = serde_json::from_value(live.data)?;
+    expected.decisions.insert(
+        "i2".to_owned(),
+        Decision {
+            approved: true,
+            reason: None,
+            value: Some(json!({"answer": 42})),
+        },
+    );
+    ensure!(next == expected, "{next:?}");
+    let event = last_event(store, "s1").await?;
+    ensure!(event.event_type == "command.respond");
+    ensure!(event.payload["interactionId"] == json!("i2"));
+    ensure!(event.payload["value"] == json!({"answer": 42}));
+    Ok(())
+}
+
+async fn start_segment_runs_each_runnable_session_on_one_replica(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let idle = store.start_segment("r1", LONG).await?;
+    ensure!(idle == SegmentStart::Idle, "idle is not runnable: {idle:?}");
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    ensure!(segment.session.id == "s1" && segment.turn_id == "t1" && segment.segment == 0);
+    ensure!(segment.checkpoint == TurnCheckpoint::new_turn("t1", "hi"));
+    ensure!(segment.effects_uncertain == 0);
+    ensure!(segment.lease.replica_id == "r1" && segment.lease.generation == 1);
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Running && s.generation == 1);
+    ensure!(s.owner.as_ref().is_some_and(|o| o.replica_id == "r1"));
+    ensure!(segment.session == s, "{:?} != {s:?}", segment.session);
+    let idle = f.peer.start_segment("r2", LONG).await?;
+    ensure!(idle == SegmentStart::Idle, "held by r1: {idle:?}");
+    store.renew_lease(&segment.lease.fence(), LONG).await?;
+
+    // Racing replicas: every runnable session goes to exactly one of them.
+    let ids: Vec<String> = (0..8).map(|n| format!("r-{n}")).collect();
+    for id in &ids {
+        session(store, id).await?;
+        store.run_command(message(id, "k1", "t1", "hi")).await?;
+    }
+    let barrier = Barrier::new(2);
+    let drain = |store: Arc<dyn Store>, replica: &'static str| {
+        let barrier = &barrier;
+        async move {
+            barrier.wait().await;
+            let mut won = Vec::new();
+            loop {
+                match store.start_segment(replica, LONG).await? {
+                    SegmentStart::Run(segment) => {
+                        ensure!(segment.lease.replica_id == replica);
+                        won.push(segment.session.id);
+                    }
+                    SegmentStart::Idle => break,
+                    other => anyhow::bail!("unexpected {other:?}"),
+                }
+            }
+            anyhow::Ok(won)
+        }
+    };
+    let (one, two) = tokio::join!(
+        drain(Arc::clone(&f.store), "ra"),
+        drain(Arc::clone(&f.peer), "rb")
+    );
+    let mut won = one?;
+    won.extend(two?);
+    let distinct: HashSet<&String> = won.iter().collect();
+    ensure!(distinct.len() == won.len(), "a session won twice: {won:?}");
+    won.sort();
+    ensure!(won == ids, "won {won:?}");
+    Ok(())
+}
+
+async fn start_segment_settles_a_session_with_nothing_to_run(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    // Runnable, but no checkpoint.
+    session(store, "s1").await?;
+    set_turn(store, "s1", SessionStatus::Runnable, Some("t1")).await?;
+    // Running, but its checkpoint is not one.
+    session(store, "s2").await?;
+    let mut unreadable = SessionCommit::new("s2");
+    unreadable.patch.status = Some(SessionStatus::Running);
+    unreadable.patch.active_turn_id = Some(Some("t2".into()));
+    unreadable.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+        "t2",
+        0,
+        json!({"not": "a turn checkpoint"}),
+    )));
+    applied(store.commit(unreadable).await?)?;
+    // Runnable, with the checkpoint of another turn.
+    session(store, "s3").await?;
+    let mut other_turn = SessionCommit::new("s3");
+    other_turn.patch.status = Some(SessionStatus::Runnable);
+    other_turn.patch.active_turn_id = Some(Some("t3".into()));
+    other_turn.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+        "t-old",
+        0,
+        new_turn("t-old", "hi")?,
+    )));
+    applied(store.commit(other_turn).await?)?;
+
+    let mut settled = Vec::new();
+    loop {
+        match f.peer.start_segment("r1", LONG).await? {
+            SegmentStart::Settled {
+                session_id,
+                effects_uncertain,
+            } => {
+                ensure!(effects_uncertain == 0);
+                settled.push(session_id);
+            }
+            SegmentStart::Idle => break,
+            other => anyhow::bail!("nothing should run: {other:?}"),
+        }
+        ensure!(settled.len() <= 3, "settled again: {settled:?}");
+    }
+    settled.sort();
+    ensure!(settled == ["s1", "s2", "s3"], "settled {settled:?}");
+    for (id, turn, code) in [
+        ("s1", "t1", "no_checkpoint"),
+        ("s2", "t2", "bad_checkpoint"),
+        ("s3", "t3", "no_checkpoint"),
+    ] {
+        let s = store.get_session(id).await?;
+        ensure!(
+            s.status == SessionStatus::Failed && s.active_turn_id.is_none(),
+            "{id}: {s:?}"
+        );
+        ensure!(s.owner.is_none(), "{id}: the lease is released");
+        ensure!(
+            s.state["server"]["error"]["code"] == json!(code),
+            "{id}: {}",
+            s.state
+        );
+        let event = last_event(store, id).await?;
+        ensure!(event.event_type == "turn.failed" && event.turn_id.as_deref() == Some(turn));
+        ensure!(
+            event.payload["error"]["code"] == json!(code),
+            "{id}: {:?}",
+            event.payload
+        );
+        ensure!(
+            store.live_checkpoint(id).await?.is_none(),
+            "{id}: checkpoint cleared"
+        );
+    }
+    Ok(())
+}
+
+async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    let before = store.get_session("s1").await?;
+    let items = vec![
+        json!({"role": "user", "content": "hi"}),
+        json!({"role": "assistant", "content": "hello"}),
+    ];
+    let fence = segment.lease.fence();
+    let outcome = SegmentOutcome::Completed {
+        output: json!({"text": "hello"}),
+        items: items.clone(),
+    };
+    let (end, uncertain) = store
+        .finish_segment(&fence, "t1", 0, outcome.clone(), None)
+        .await?;
+    ensure!(end == SegmentEnd::Applied && uncertain == 0, "{end:?}");
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Completed && s.active_turn_id.is_none());
+    ensure!(s.owner.is_none() && s.last_item_seq == 2);
+    let page = store.page_items("s1", 0, 10).await?;
+    let bodies: Vec<Value> = page.items.iter().map(|i| i.body.clone()).collect();
+    ensure!(bodies == items, "items {bodies:?}");
+    ensure!(
+        page.items
+            .iter()
+            .all(|i| i.turn_id.as_deref() == Some("t1"))
+    );
+    let events = store.list_events("s1", before.last_cursor, 10).await?;
+    ensure!(events.len() == 1 && events[0].event_type == "turn.completed");
+    ensure!(events[0].payload == json!({"output": {"text": "hello"}}));
+    ensure!(events[0].turn_id.as_deref() == Some("t1"));
+    ensure!(
+        store.live_checkpoint("s1").await?.is_none(),
+        "checkpoint cleared"
+    );
+    // The lease is gone: it can neither be renewed nor finish again.
+    expect_err!(
+        store.renew_lease(&fence, LONG).await,
+        StoreError::StaleGeneration {
+            reason: StaleReason::NotHeld,
+            ..
+        }
+    );
+    expect_err!(
+        store.finish_segment(&fence, "t1", 0, outcome, None).await,
+        StoreError::StaleGeneration {
+            reason: StaleReason::NotHeld,
+            ..
+        }
+    );
+    ensure!(store.get_session("s1").await?.last_item_seq == 2);
+    // Another replica runs the next turn at once.
+    store.run_command(message("s1", "k2", "t2", "more")).await?;
+    let next = start(&*f.peer, "r2").await?;
+    ensure!(next.turn_id == "t2" && next.lease.replica_id == "r2" && next.lease.generation == 2);
+    Ok(())
+}
+
+async fn a_failed_segment_fails_the_turn(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    let outcome = SegmentOutcome::Failed {
+        code: "model_error".into(),
+        message: "the model is unavailable".into(),
+    };
+    let (end, _) = store
+        .finish_segment(&segment.lease.fence(), "t1", 0, outcome, None)
+        .await?;
+    ensure!(end == SegmentEnd::Applied);
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Failed && s.active_turn_id.is_none() && s.owner.is_none());
+    let error = json!({"code": "model_error", "message": "the model is unavailable"});
+    ensure!(s.state["server"]["error"] == error, "state {}", s.state);
+    let event = last_event(store, "s1").await?;
+    ensure!(event.event_type == "turn.failed" && event.payload == json!({"error": error}));
+    ensure!(store.live_checkpoint("s1").await?.is_none());
+    ensure!(s.last_item_seq == 0, "the conversation stays as it was");
+    Ok(())
+}
+
+async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    store.begin_effect(action_effect("a1", "t1")).await?;
+    let waiting = SegmentOutcome::Waiting {
+        effect_ids: vec!["a1".into()],
+    };
+    let (end, _) = store
+        .finish_segment(&segment.lease.fence(), "t1", 0, waiting, None)
+        .await?;
+    ensure!(end == SegmentEnd::Applied, "{end:?}");
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Waiting && s.owner.is_none());
+    ensure!(
+        s.state["server"]["waits"] == json!({"effectIds": ["a1"]}),
+        "{}",
+        s.state
+    );
+    let event = last_event(store, "s1").await?;
+    ensure!(event.event_type == "turn.waiting" && event.payload == json!({"effectIds": ["a1"]}));
+    let idle = store.start_segment("r1", LONG).await?;
+    ensure!(
+        idle == SegmentStart::Idle,
+        "a waiting session does not run: {idle:?}"
+    );
+    // The result makes it runnable.
+    store.claim_action(claim("a1", "c1", LONG)).await?;
+    store
+        .run_command(action_result("r1", "a1", "c1", 1, &json!({"value": 1})))
+        .await?;
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Runnable && s.state["server"]["waits"].is_null());
+
+    // A result landing while the next segment runs: that segment's wait runs the turn again.
+    let segment = start(store, "r1").await?;
+    store.begin_effect(action_effect("a2", "t1")).await?;
+    store.claim_action(claim("a2", "c2", LONG)).await?;
+    store
+        .run_command(action_result("r2", "a2", "c2", 1, &json!({"value": 2})))
+        .await?;
+    let idle = f.peer.start_segment("r2", LONG).await?;
+    ensure!(idle == SegmentStart::Idle, "still held by r1: {idle:?}");
+    let before = store.get_session("s1").await?.last_cursor;
+    let waiting = SegmentOutcome::Waiting {
+        effect_ids: vec!["a2".into()],
+    };
+    let (end, _) = store
+        .finish_segment(&segment.lease.fence(), "t1", segment.segment, waiting, None)
+        .await?;
+    ensure!(end == SegmentEnd::RunAgain, "{end:?}");
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Runnable && s.owner.is_none());
+    ensure!(s.last_cursor == before, "no turn.waiting");
+    let again = start(&*f.peer, "r2").await?;
+    ensure!(again.turn_id == "t1" && again.lease.generation == segment.lease.generation + 1);
+    Ok(())
+}
+
+async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    store.begin_effect(invoking_effect("m1", "t1")).await?;
+    let cancelled = store.run_command(cancel("s1", "k2", None)).await?;
+    ensure!(cancelled.effects_uncertain == 1);
+    let before = store.get_session("s1").await?;
+    let (end, uncertain) = store
+        .finish_segment(
+            &segment.lease.fence(),
+            "t1",
+            0,
+            completed(vec![json!("late")]),
+            None,
+        )
+        .await?;
+    ensure!(end == SegmentEnd::Unchanged && uncertain == 0, "{end:?}");
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Cancelled && s.active_turn_id.is_none());
+    ensure!(s.owner.is_none(), "the lease is released");
+    ensure!(
+        s.last_item_seq == 0 && s.last_cursor == before.last_cursor,
+        "nothing applied"
+    );
+
+    // A shutdown with nothing in flight: the session stays running, for the next start.
+    store.run_command(message("s1", "k3", "t2", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    let (end, uncertain) = store
+        .finish_segment(
+            &segment.lease.fence(),
+            "t2",
+            0,
+            SegmentOutcome::Cancelled,
+            Some("shutting down"),
+        )
+        .await?;
+    ensure!(end == SegmentEnd::Unchanged && uncertain == 0, "{end:?}");
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Running && s.owner.is_none());
+    let segment = start(&*f.peer, "r2").await?;
+    ensure!(segment.turn_id == "t2" && segment.effects_uncertain == 0);
+    // A shutdown with a call in flight: it becomes uncertain under the lease.
+    store.begin_effect(invoking_effect("m2", "t2")).await?;
+    let (end, uncertain) = f
+        .peer
+        .finish_segment(
+            &segment.lease.fence(),
+            "t2",
+            0,
+            SegmentOutcome::Cancelled,
+            Some("shutting down"),
+        )
+        .await?;
+    ensure!(
+        end == SegmentEnd::Unchanged && uncertain == 1,
+        "{end:?}, {uncertain}"
+    );
+    let m2 = store.get_effect("m2").await?;
+    ensure!(m2.status == EffectStatus::Uncertain && m2.error.as_deref() == Some("shutting down"));
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Uncertain && s.owner.is_none());
+    ensure!(last_event(store, "s1").await?.event_type == "effect.uncertain");
+    Ok(())
+}
+
+async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let SegmentStart::Run(segment) = store.start_segment("r1", SHORT).await? else {
+        anyhow::bail!("nothing to run");
+    };
+    tokio::time::sleep(PAST_SHORT).await;
+    // Expired, but nobody took over: it still finishes.
+    let (end, _) = store
+        .finish_segment(&segment.lease.fence(), "t1", 0, completed(vec![]), None)
+        .await?;
+    ensure!(end == SegmentEnd::Applied);
+    ensure!(store.get_session("s1").await?.status == SessionStatus::Completed);
+
+    store.run_command(message("s1", "k2", "t2", "hi")).await?;
+    let SegmentStart::Run(old) = store.start_segment("r1", SHORT).await? else {
+        anyhow::bail!("nothing to run");
+    };
+    tokio::time::sleep(PAST_SHORT).await;
+    let new = start(&*f.peer, "r2").await?;
+    ensure!(new.lease.generation == old.lease.generation + 1);
+    expect_err!(
+        store
+            .finish_segment(&old.lease.fence(), "t2", 0, completed(vec![]), None)
+            .await,
+        StoreError::StaleGeneration {
+            reason: StaleReason::Superseded,
+            ..
+        }
+    );
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Running);
+    ensure!(s.owner.is_some_and(|o| o.replica_id == "r2"), "r2 keeps it");
+    let (end, _) = f
+        .peer
+        .finish_segment(&new.lease.fence(), "t2", 0, completed(vec![]), None)
+        .await?;
+    ensure!(end == SegmentEnd::Applied);
     Ok(())
 }
 
@@ -1980,7 +3004,7 @@ async fn commits_are_guarded_on_turn_and_status(f: &Fixture) -> anyhow::Result<(
     Ok(())
 }
 
-async fn sessions_actions_and_effects_page_by_key(f: &Fixture) -> anyhow::Result<()> {
+async fn sessions_page_by_key(f: &Fixture) -> anyhow::Result<()> {
     let store = &*f.store;
     for id in ["s1", "s2", "s3", "s4", "s5"] {
         session(store, id).await?;
@@ -2003,26 +3027,6 @@ async fn sessions_actions_and_effects_page_by_key(f: &Fixture) -> anyhow::Result
     waiting.statuses = vec![SessionStatus::Waiting, SessionStatus::Running];
     let page = store.page_sessions(&waiting, None, 10).await?;
     ensure!(page.len() == 1 && page[0].id == "s3");
-
-    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
-    for id in ["a1", "a2", "a3"] {
-        store.begin_effect(action_effect(id, "t1")).await?;
-    }
-    store.begin_effect(invoking_effect("m1", "t1")).await?;
-    let mut pending = ActionFilter::default();
-    pending.statuses = vec![ActionStatus::Pending];
-    let first = store.page_actions(&pending, None, 2).await?;
-    let rest = store
-        .page_actions(&pending, Some(&first[1].action_id), 2)
-        .await?;
-    ensure!(first.len() == 2 && rest.len() == 1 && rest[0].action_id == "a3");
-    let effects = store.page_effects("s1", None, Some("a2"), 10).await?;
-    let ids: Vec<&str> = effects.iter().map(|e| e.effect_id.as_str()).collect();
-    ensure!(ids == ["a3", "m1"], "effects {ids:?}");
-    let invoking = store
-        .page_effects("s1", Some(EffectStatus::Invoking), None, 10)
-        .await?;
-    ensure!(invoking.len() == 1);
     expect_err!(
         store
             .page_sessions(&SessionFilter::default(), None, 0)
@@ -2031,72 +3035,6 @@ async fn sessions_actions_and_effects_page_by_key(f: &Fixture) -> anyhow::Result
     );
     Ok(())
 }
-
-async fn claim_next_spreads_executors_over_the_work(f: &Fixture) -> anyhow::Result<()> {
-    let store = &*f.store;
-    session(store, "s1").await?;
-    let scope = ExecutorScope::new("helper", "sha256:helper-1", "1.0.0");
-    // The race that matters is timing-bound: a claim that commits between the other search's
-    // snapshot and its lock. Each round starts the peer's claim a little later, sweeping its
-    // search across the first claim's transaction.
-    for round in 0..CLAIM_RACES {
-        let turn = format!("t{round}");
-        set_turn(store, "s1", SessionStatus::Waiting, Some(&turn)).await?;
-        ensure!(
-            store
-                .claim_next_action(&scope, "c-none", LONG)
-                .await?
-                .is_none()
-        );
-        let pair = [format!("a{round}-1"), format!("a{round}-2")];
-        for id in &pair {
-            store.begin_effect(action_effect(id, &turn)).await?;
-        }
-        let claims = [format!("c{round}-1"), format!("c{round}-2")];
-        let offset = CLAIM_RACE_STEP * u32::try_from(round)?;
-        let (one, two) = tokio::join!(f.store.claim_next_action(&scope, &claims[0], LONG), async {
-            // A thread's sleep: tokio's timer counts whole milliseconds.
-            tokio::task::spawn_blocking(move || std::thread::sleep(offset)).await?;
-            anyhow::Ok(f.peer.claim_next_action(&scope, &claims[1], LONG).await?)
-        });
-        let mut got: Vec<String> = [one?, two?]
-            .into_iter()
-            .flatten()
-            .map(|claimed| claimed.action.action_id)
-            .collect();
-        // Both executors may have raced for one session: whoever skipped it tries again.
-        while got.len() < 2 {
-            let claim = format!("c{round}-{}", got.len() + 3);
-            let Some(claimed) = store.claim_next_action(&scope, &claim, LONG).await? else {
-                break;
-            };
-            got.push(claimed.action.action_id);
-        }
-        got.sort();
-        ensure!(got == pair, "round {round}: claimed {got:?}");
-    }
-    ensure!(
-        store
-            .claim_next_action(&scope, "c-none", LONG)
-            .await?
-            .is_none()
-    );
-    let other = ExecutorScope::new("helper", "sha256:other", "1.0.0");
-    ensure!(
-        store
-            .claim_next_action(&other, "c-other", LONG)
-            .await?
-            .is_none()
-    );
-    Ok(())
-}
-
-/// Rounds of [`claim_next_spreads_executors_over_the_work`], and how much later each one starts
-/// the peer's claim than the round before: 0 to 4 ms, the span of a claim's transaction here.
-/// Without candidates read again under the lock, 13 runs in 20 met the race (one in twenty with
-/// a single round).
-const CLAIM_RACES: usize = 80;
-const CLAIM_RACE_STEP: Duration = Duration::from_micros(50);
 
 async fn retention_prunes_the_history_of_closed_sessions_per_tenant(
     f: &Fixture,
