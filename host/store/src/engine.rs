@@ -270,6 +270,24 @@ pub(crate) fn check_fence(
     }
 }
 
+/// The rule every write about a turn's effect or action obeys: its turn must be the session's
+/// active, uncancelled turn.
+pub(crate) fn turn_active(session: &Session, turn_id: &str) -> bool {
+    session.status != SessionStatus::Cancelled && session.active_turn_id.as_deref() == Some(turn_id)
+}
+
+/// Whether the session has no unresolved work: idle, completed, failed, cancelled or closed.
+pub(crate) fn settled(status: SessionStatus) -> bool {
+    matches!(
+        status,
+        SessionStatus::Idle
+            | SessionStatus::Completed
+            | SessionStatus::Failed
+            | SessionStatus::Cancelled
+            | SessionStatus::Closed
+    )
+}
+
 /// Accepts a write guarded on the active turn only if that turn is still active.
 fn check_turn(session: &Session, expect: Option<&Option<String>>) -> Result<(), StoreError> {
     match expect {
@@ -897,9 +915,7 @@ pub(crate) async fn in_flight_uncertain<T: Tx>(
         effect.error = Some(reason.to_owned());
         effect.updated_at = now;
         tx.update_effect(effect).await?;
-        if session.status != SessionStatus::Cancelled
-            && session.active_turn_id.as_deref() == Some(effect.turn_id.as_str())
-        {
+        if turn_active(session, &effect.turn_id) {
             events.push(
                 NewEvent::new(
                     "effect.uncertain",
@@ -988,9 +1004,7 @@ pub(crate) async fn claim_action<T: Tx>(
             format!("the action is {}, not pending", action.status),
         ));
     }
-    if session.status == SessionStatus::Cancelled
-        || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
-    {
+    if !turn_active(&session, &action.turn_id) {
         return Err(StoreError::conflict(
             Entity::Action,
             &action.action_id,
@@ -1045,9 +1059,7 @@ pub(crate) async fn heartbeat_action<T: Tx>(
     let (session, mut action) = locked_action(tx, &heartbeat.action_id).await?;
     let now = tx.now().await?;
     check_claim(&action, &heartbeat.claim_id, heartbeat.generation, now)?;
-    if session.status == SessionStatus::Cancelled
-        || session.active_turn_id.as_deref() != Some(action.turn_id.as_str())
-    {
+    if !turn_active(&session, &action.turn_id) {
         return Err(StoreError::StaleGeneration {
             entity: Entity::Action,
             id: action.action_id.clone(),
@@ -1102,9 +1114,7 @@ pub(crate) async fn expire_action_claims<T: Tx>(tx: &mut T) -> Result<Vec<Action
                 effect.updated_at = now;
                 tx.update_effect(&effect).await?;
             }
-            if session.status != SessionStatus::Cancelled
-                && session.active_turn_id.as_deref() == Some(action.turn_id.as_str())
-            {
+            if turn_active(&session, &action.turn_id) {
                 session.status = SessionStatus::Uncertain;
                 events.push(
                     NewEvent::new("action.uncertain", json!({"actionId": action.action_id}))
@@ -1255,13 +1265,9 @@ pub(crate) async fn apply_retention<T: Tx>(
         let Some(mut session) = tx.session(&id, true).await? else {
             continue;
         };
-        let left_alone = matches!(
-            session.status,
-            SessionStatus::Idle
-                | SessionStatus::Completed
-                | SessionStatus::Failed
-                | SessionStatus::Cancelled
-        ) && session.updated_at <= cutoff;
+        let left_alone = settled(session.status)
+            && session.status != SessionStatus::Closed
+            && session.updated_at <= cutoff;
         if left_alone {
             session.status = SessionStatus::Closed;
             session.closed_at = Some(now);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::checkpoint::{Decision, TurnCheckpoint};
-use crate::engine::{self, Tx};
+use crate::engine::{self, Tx, settled, turn_active};
 use crate::error::{Entity, StoreError};
 use crate::model::{
     Action, ActionFilter, ActionGuard, ActionStatus, ActionTransition, CheckpointWrite,
@@ -240,23 +240,6 @@ pub fn server_state(state: &Value, waits: Value, error: Value) -> Value {
     let mut object = state.as_object().cloned().unwrap_or_default();
     object.insert("server".to_owned(), json!({"waits": waits, "error": error}));
     Value::Object(object)
-}
-
-fn settled(status: SessionStatus) -> bool {
-    matches!(
-        status,
-        SessionStatus::Idle
-            | SessionStatus::Completed
-            | SessionStatus::Failed
-            | SessionStatus::Cancelled
-            | SessionStatus::Closed
-    )
-}
-
-/// The rule every write about a turn's effect or action obeys: its turn must be the session's
-/// active, uncancelled turn.
-fn turn_active(session: &Session, turn_id: &str) -> bool {
-    session.status != SessionStatus::Cancelled && session.active_turn_id.as_deref() == Some(turn_id)
 }
 
 fn turn_inactive(entity: Entity, id: &str) -> StoreError {
