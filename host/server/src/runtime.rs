@@ -29,8 +29,8 @@ use crate::manifest::{Manifest, manifest_hash};
 use crate::metrics::Metrics;
 use crate::runner::{Decision, TurnCheckpoint, TurnRunner};
 use crate::wire::{
-    Accepted, ActionView, AgentPut, AgentView, Command, EventView, PutSession, SessionSummary,
-    SessionView, Status, UncertainEffect, rfc3339,
+    Accepted, ActionView, AgentPut, AgentView, Command, EventView, Outcome, PutSession,
+    SessionSummary, SessionView, Status, UncertainEffect, rfc3339,
 };
 
 pub use crate::tenancy::DEFAULT_TENANT;
@@ -230,7 +230,7 @@ impl Runtime {
                 )));
             }
         }
-        if session_id.is_empty() || session_id.len() > 200 {
+        if session_id.is_empty() || session_id.chars().count() > 200 {
             return Err(ApiError::InvalidRequest(
                 "the session id must have 1 to 200 characters".to_owned(),
             ));
@@ -567,7 +567,7 @@ impl Runtime {
                     action_id,
                     claim_id,
                     *generation,
-                    outcome,
+                    &outcome.to_value(),
                     request_id,
                 )
                 .await
@@ -578,6 +578,7 @@ impl Runtime {
                 outcome,
                 ..
             } => {
+                let outcome = outcome.as_ref().map(Outcome::to_value);
                 self.plan_resolve(session, effect_id, *retry, outcome.as_ref())
                     .await
             }
