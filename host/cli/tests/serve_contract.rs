@@ -74,10 +74,11 @@ fn serve(dir: &Path) -> Serve {
         .spawn()
         .expect("corral serve starts");
     let address = common::listening_address(&mut child).expect("corral serve listens");
-    Serve {
-        child,
-        base: format!("http://{address}"),
-    }
+    let base = match address.strip_prefix("http://") {
+        Some(_) => address,
+        None => format!("http://{address}"),
+    };
+    Serve { child, base }
 }
 
 /// `GET path` over a fresh connection; the body.

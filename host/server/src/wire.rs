@@ -368,6 +368,7 @@ pub enum Command {
         /// The claim.
         claim_id: String,
         /// The claim's generation.
+        #[serde(deserialize_with = "whole_number")]
         generation: u64,
         /// The outcome: `{"value": ...}` or `{"error": "..."}`.
         outcome: Outcome,
@@ -546,6 +547,7 @@ pub struct HeartbeatRequest {
     /// The claim.
     pub claim_id: String,
     /// Its generation.
+    #[serde(deserialize_with = "whole_number")]
     pub generation: u64,
 }
 
@@ -646,6 +648,25 @@ pub struct EventsQuery {
     /// Resume after this cursor (else `Last-Event-ID`, else 0); at most the session's newest.
     #[param(nullable = false, minimum = 0)]
     pub cursor: Option<u64>,
+}
+
+/// A non-negative integer as JSON Schema counts one: `85` and `85.0` alike (the schema says
+/// `integer`, which `85.0` is), so a schema-valid request is never refused for its spelling.
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    if let Some(whole) = number.as_u64() {
+        return Ok(whole);
+    }
+    match number.as_f64() {
+        Some(float)
+            if float >= 0.0 && float.fract() == 0.0 && float < 18_446_744_073_709_551_616.0 =>
+        {
+            Ok(float as u64)
+        }
+        _ => Err(serde::de::Error::custom(format!(
+            "invalid value {number}: expected a non-negative integer"
+        ))),
+    }
 }
 
 /// RFC 3339 (UTC, milliseconds) of a store timestamp.
