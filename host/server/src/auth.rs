@@ -66,11 +66,13 @@ impl FromRequestParts<Arc<Runtime>> for Caller {
         let header = parts.headers.get(AUTHORIZATION).ok_or_else(|| {
             ApiError::Unauthorized("an Authorization: Bearer token is required".to_owned())
         })?;
+        // The scheme is case-insensitive (RFC 9110 section 11.1): `bearer`, `BEARER`...
         let token = header
             .to_str()
             .ok()
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|token| !token.is_empty())
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer TOKEN`".to_owned())

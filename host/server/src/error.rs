@@ -23,6 +23,10 @@ pub enum ApiError {
     /// 404 `not_found`.
     #[error("{0}")]
     NotFound(String),
+    /// 405 `method_not_allowed`: a known path with another method (the router adds the
+    /// `Allow` header with the path's methods).
+    #[error("method {0} is not allowed on this path (see the Allow header)")]
+    MethodNotAllowed(String),
     /// 409 `conflict`.
     #[error("{0}")]
     Conflict(String),
@@ -50,8 +54,8 @@ pub struct ErrorBody {
     /// Always `rejected`.
     #[schema(example = "rejected")]
     pub status: String,
-    /// One of `invalid_request`, `unauthorized`, `forbidden`, `not_found`, `conflict`,
-    /// `payload_too_large`, `internal_error`.
+    /// One of `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `method_not_allowed`, `conflict`, `payload_too_large`, `internal_error`.
     pub code: ErrorCode,
     /// What went wrong (never internal details).
     pub message: String,
@@ -69,6 +73,8 @@ pub enum ErrorCode {
     Forbidden,
     /// 404.
     NotFound,
+    /// 405.
+    MethodNotAllowed,
     /// 409.
     Conflict,
     /// 413.
@@ -84,6 +90,7 @@ impl ErrorCode {
         (ErrorCode::Unauthorized, 401),
         (ErrorCode::Forbidden, 403),
         (ErrorCode::NotFound, 404),
+        (ErrorCode::MethodNotAllowed, 405),
         (ErrorCode::Conflict, 409),
         (ErrorCode::PayloadTooLarge, 413),
         (ErrorCode::InternalError, 500),
@@ -96,10 +103,19 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Conflict => "conflict",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::InternalError => "internal_error",
         }
+    }
+
+    /// The code of an HTTP status this API answers with, if it is an error status.
+    pub fn of_status(status: u16) -> Option<ErrorCode> {
+        ErrorCode::ALL
+            .iter()
+            .find(|(_, s)| *s == status)
+            .map(|(code, _)| *code)
     }
 }
 
@@ -119,6 +135,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, ErrorCode::Forbidden),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            ApiError::MethodNotAllowed(_) => {
+                (StatusCode::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)
+            }
             ApiError::Conflict(_) => (StatusCode::CONFLICT, ErrorCode::Conflict),
             ApiError::PayloadTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge)

@@ -1,7 +1,6 @@
 //! The route table and its thin handlers: authenticate, extract and validate, call the
 //! runtime, answer.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -9,12 +8,13 @@ use axum::Router;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use corral_store::{ActionFilter, ActionStatus, ClaimAction, HeartbeatAction};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::{AppCaller, Caller, ExecutorCaller, OperatorCaller};
 use crate::error::{ApiError, ErrorBody};
@@ -22,33 +22,14 @@ use crate::manifest::Manifest;
 use crate::runtime::{Runtime, action_view};
 use crate::sse::{Hub, session_stream, work_stream};
 use crate::wire::{
-    Accepted, ActionList, AgentList, AgentPut, ClaimRequest, ClaimResponse, Command, Health,
-    HeartbeatRequest, HeartbeatResponse, ItemsPage, PutAgent, PutSession, Ready, SessionList,
-    SessionView, rfc3339,
+    Accepted, ActionList, AgentList, AgentPut, AgentView, ClaimRequest, ClaimResponse, Command,
+    EventsQuery, Health, HeartbeatRequest, HeartbeatResponse, ItemsPage, ItemsQuery,
+    MAX_SESSION_ID, NoQuery, PutAgent, PutSession, Ready, SessionList, SessionView, SessionsQuery,
+    TenantQuery, rfc3339,
 };
 
 /// The largest request body accepted (1 MiB).
 pub const MAX_BODY: usize = 1024 * 1024;
-
-/// Every route: method and path, as in the OpenAPI description.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/health"),
-    ("GET", "/ready"),
-    ("GET", "/metrics"),
-    ("GET", "/v1/openapi.json"),
-    ("GET", "/v1/agents"),
-    ("PUT", "/v1/agents/{agentId}"),
-    ("GET", "/v1/sessions"),
-    ("PUT", "/v1/sessions/{id}"),
-    ("GET", "/v1/sessions/{id}"),
-    ("POST", "/v1/sessions/{id}/commands"),
-    ("GET", "/v1/sessions/{id}/items"),
-    ("GET", "/v1/sessions/{id}/events"),
-    ("GET", "/v1/executors/connect"),
-    ("GET", "/v1/actions"),
-    ("POST", "/v1/actions/{id}/claim"),
-    ("POST", "/v1/actions/{id}/heartbeat"),
-];
 
 /// The router's state.
 #[derive(Debug, Clone)]
@@ -57,33 +38,66 @@ pub(crate) struct AppState {
     pub(crate) hub: Arc<Hub>,
 }
 
-/// The route table.
+/// The route table, read like the API reference: each route once, for the router and the
+/// OpenAPI document alike (each handler's `#[utoipa::path]` gives its method and path).
+pub(crate) fn table() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::base())
+        .routes(routes!(health))
+        .routes(routes!(ready))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(list_agents))
+        .routes(routes!(get_agent, put_agent))
+        .routes(routes!(list_sessions))
+        .routes(routes!(get_session, put_session))
+        .routes(routes!(post_command))
+        .routes(routes!(get_items))
+        .routes(routes!(get_events))
+        .routes(routes!(executor_connect))
+        .routes(routes!(list_actions))
+        .routes(routes!(claim_action))
+        .routes(routes!(heartbeat_action))
+}
+
+/// Every route as `(METHOD, path)`, read from the document [`table`] builds.
+pub fn routes() -> Vec<(String, String)> {
+    let document = crate::openapi::document();
+    let mut routes = Vec::new();
+    for (path, item) in &document.paths.paths {
+        let operations = [
+            ("GET", item.get.is_some()),
+            ("PUT", item.put.is_some()),
+            ("POST", item.post.is_some()),
+            ("DELETE", item.delete.is_some()),
+            ("PATCH", item.patch.is_some()),
+        ];
+        for (method, present) in operations {
+            if present {
+                routes.push((method.to_owned(), path.clone()));
+            }
+        }
+    }
+    routes
+}
+
+/// The router: [`table`] with the fallbacks (404, and 405 with `Allow` for a known path).
 pub(crate) fn router(runtime: Arc<Runtime>, hub: Arc<Hub>) -> Router {
     let state = AppState { runtime, hub };
-    Router::new()
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .route("/v1/openapi.json", get(openapi))
-        .route("/v1/agents", get(list_agents))
-        .route("/v1/agents/{agent_id}", axum::routing::put(put_agent))
-        .route("/v1/sessions", get(list_sessions))
-        .route("/v1/sessions/{id}", get(get_session).put(put_session))
-        .route("/v1/sessions/{id}/commands", post(post_command))
-        .route("/v1/sessions/{id}/items", get(get_items))
-        .route("/v1/sessions/{id}/events", get(get_events))
-        .route("/v1/executors/connect", get(executor_connect))
-        .route("/v1/actions", get(list_actions))
-        .route("/v1/actions/{id}/claim", post(claim_action))
-        .route("/v1/actions/{id}/heartbeat", post(heartbeat_action))
+    let (routes, _) = table().split_for_parts();
+    routes
         .fallback(no_route)
-        .method_not_allowed_fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
 
 async fn no_route() -> ApiError {
     ApiError::NotFound("no such route".to_owned())
+}
+
+/// A known path with another method: 405 (the router adds `Allow`).
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::MethodNotAllowed(method.to_string())
 }
 
 /// The caller extractors of [`crate::auth`], over the router's state.
@@ -152,67 +166,87 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     }
 }
 
-/// Query parameters as text, checked by the handler.
-#[derive(Debug, Default)]
-pub struct QueryMap(pub BTreeMap<String, String>);
+/// Typed query parameters: `T` names every parameter the route takes (`deny_unknown_fields`),
+/// so an unknown or malformed one is a 400, never silently ignored.
+#[derive(Debug)]
+pub struct Params<T>(pub T);
 
-impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let map = axum::extract::Query::<BTreeMap<String, String>>::from_request_parts(parts, &())
-            .await
-            .map_err(|e| ApiError::InvalidRequest(format!("invalid query: {e}")))?;
-        Ok(QueryMap(map.0))
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|query| Params(query.0))
+            .map_err(|rejection| {
+                ApiError::InvalidRequest(format!("invalid query: {}", rejection.body_text()))
+            })
     }
 }
 
-/// A session route's `{id}` and optional `tenantId` query parameter (an operator's choice of
-/// tenant; see [`crate::tenancy`]).
+/// A session route's `{id}`: 1 to [`MAX_SESSION_ID`] characters, unique within its tenant.
 #[derive(Debug)]
-pub struct SessionAddress {
-    /// The id within the tenant.
-    pub id: String,
-    /// The tenant asked for.
-    pub tenant: Option<String>,
-}
+pub struct SessionId(pub String);
 
-impl<S: Send + Sync> FromRequestParts<S> for SessionAddress {
+impl<S: Send + Sync> FromRequestParts<S> for SessionId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Path(id) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| ApiError::InvalidRequest(format!("invalid path: {e}")))?;
-        let QueryMap(mut query) = QueryMap::from_request_parts(parts, state).await?;
-        Ok(SessionAddress {
-            id,
-            tenant: query.remove("tenantId"),
-        })
+        let length = id.chars().count();
+        if length == 0 || length > MAX_SESSION_ID {
+            return Err(ApiError::InvalidRequest(format!(
+                "the session id must have 1 to {MAX_SESSION_ID} characters"
+            )));
+        }
+        Ok(SessionId(id))
     }
 }
 
-fn cursor_of(text: &str) -> Result<u64, ApiError> {
-    text.parse::<u64>().map_err(|_| {
-        ApiError::InvalidRequest(format!(
-            "invalid cursor {text:?}: a cursor is a non-negative integer"
-        ))
-    })
+/// An action route's `{id}`.
+#[derive(Debug)]
+pub struct ActionId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ActionId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::InvalidRequest(format!("invalid path: {e}")))?;
+        Ok(ActionId(id))
+    }
 }
 
+/// Liveness
+///
+/// Whether the process is up (no token needed).
 #[utoipa::path(get, path = "/health", tag = "health",
-    responses((status = 200, description = "The process is up", body = Health)))]
-pub(crate) async fn health() -> Json<Health> {
+    params(NoQuery),
+    responses(
+        (status = 200, description = "The process is up", body = Health, example = json!({"status": "ok"})),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody)))]
+pub(crate) async fn health(Params(NoQuery {}): Params<NoQuery>) -> Json<Health> {
     Json(Health {
         status: "ok".to_owned(),
     })
 }
 
+/// Readiness
+///
+/// Whether the store and the scheduler are ready and the server accepts work (no token needed).
 #[utoipa::path(get, path = "/ready", tag = "health",
+    params(NoQuery),
     responses(
-        (status = 200, description = "Store and scheduler are ready", body = Ready),
+        (status = 200, description = "Store and scheduler are ready", body = Ready,
+            example = json!({"status": "ready", "checks": {"accepting": true, "scheduler": true, "store": true}})),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 503, description = "Not ready, or shutting down", body = Ready)))]
-pub(crate) async fn ready(State(state): State<AppState>) -> Response {
+pub(crate) async fn ready(
+    State(state): State<AppState>,
+    Params(NoQuery {}): Params<NoQuery>,
+) -> Response {
     let checks = state.runtime.readiness().await;
     let ok = checks.iter().all(|(_, ok)| *ok);
     let body = Ready {
@@ -227,14 +261,20 @@ pub(crate) async fn ready(State(state): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// Prometheus metrics
+///
+/// Prometheus text: commands, turns, effects, streams, store latency (operator token).
 #[utoipa::path(get, path = "/metrics", tag = "health", security(("bearer" = [])),
+    params(NoQuery),
     responses(
         (status = 200, description = "Prometheus text", content_type = "text/plain", body = String),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Not an operator token", body = ErrorBody)))]
 pub(crate) async fn metrics(
     State(state): State<AppState>,
     _caller: OperatorCaller,
+    Params(NoQuery {}): Params<NoQuery>,
 ) -> Result<Response, ApiError> {
     Ok((
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -243,9 +283,15 @@ pub(crate) async fn metrics(
         .into_response())
 }
 
+/// This OpenAPI document
+///
+/// This description (OpenAPI 3.1), generated from the handlers' own types (no token needed).
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "health",
-    responses((status = 200, description = "This description (OpenAPI 3.1)", body = Object)))]
-pub(crate) async fn openapi() -> Response {
+    params(NoQuery),
+    responses(
+        (status = 200, description = "This description (OpenAPI 3.1)", body = Object),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody)))]
+pub(crate) async fn openapi(Params(NoQuery {}): Params<NoQuery>) -> Response {
     (
         [(CONTENT_TYPE, "application/json")],
         crate::openapi::document_json(),
@@ -253,27 +299,68 @@ pub(crate) async fn openapi() -> Response {
         .into_response()
 }
 
+/// List agents
+///
+/// Every registered agent, by id (application tokens).
 #[utoipa::path(get, path = "/v1/agents", tag = "agents", security(("bearer" = [])),
+    params(NoQuery),
     responses(
         (status = 200, description = "Every agent", body = AgentList),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Executor token", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn list_agents(
     State(state): State<AppState>,
     _caller: AppCaller,
+    Params(NoQuery {}): Params<NoQuery>,
 ) -> Result<Json<AgentList>, ApiError> {
     Ok(Json(AgentList {
         agents: state.runtime.list_agents().await?,
     }))
 }
 
+/// Get an agent
+///
+/// One registered agent: its manifest, hash and implementation version (application tokens).
+#[utoipa::path(get, path = "/v1/agents/{agentId}", tag = "agents", security(("bearer" = [])),
+    params(("agentId" = String, Path, description = "The agent id"), NoQuery),
+    responses(
+        (status = 200, description = "The agent", body = AgentView),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "Executor token", body = ErrorBody),
+        (status = 404, description = "No such agent", body = ErrorBody),
+        (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
+pub(crate) async fn get_agent(
+    State(state): State<AppState>,
+    _caller: AppCaller,
+    ActionId(agent_id): ActionId,
+    Params(NoQuery {}): Params<NoQuery>,
+) -> Result<Json<AgentView>, ApiError> {
+    state
+        .runtime
+        .list_agents()
+        .await?
+        .into_iter()
+        .find(|agent| agent.agent_id == agent_id)
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("agent {agent_id:?} not found")))
+}
+
+/// Register an agent
+///
+/// Registers an agent, or replaces its manifest (operator token). The manifest's `id` must
+/// equal the path and the manifest must pass its checks (capability kinds and schemas, MCP
+/// servers): both are 400 otherwise.
 #[utoipa::path(put, path = "/v1/agents/{agentId}", tag = "agents", security(("bearer" = [])),
-    params(("agentId" = String, Path, description = "The agent id; equal to the manifest's id")),
-    request_body = PutAgent,
+    params(("agentId" = String, Path, description = "The agent id; equal to the manifest's id"), NoQuery),
+    request_body(content = PutAgent, example = json!({"manifest": {"id": "demo", "instructions": "Help.",
+        "model": {"provider": "scripted", "replies": [{"text": "hi"}]},
+        "capabilities": [{"kind": "builtin", "id": "examples.echo"}]}, "implementationVersion": "1"})),
     responses(
         (status = 200, description = "Registered", body = AgentPut),
-        (status = 400, description = "Bad JSON, unknown field, invalid manifest, id mismatch", body = ErrorBody),
+        (status = 400, description = "Bad JSON, unknown field, schema violation, invalid manifest, id mismatch, a query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Executor or tenant token", body = ErrorBody),
         (status = 413, description = "Body over 1 MiB", body = ErrorBody),
@@ -281,7 +368,8 @@ pub(crate) async fn list_agents(
 pub(crate) async fn put_agent(
     State(state): State<AppState>,
     _caller: OperatorCaller,
-    Path(agent_id): Path<String>,
+    ActionId(agent_id): ActionId,
+    Params(NoQuery {}): Params<NoQuery>,
     body: Body<PutAgent>,
 ) -> Result<Json<AgentPut>, ApiError> {
     let raw_manifest = body.raw.get("manifest").cloned().unwrap_or(Value::Null);
@@ -299,36 +387,47 @@ pub(crate) async fn put_agent(
     ))
 }
 
+/// List sessions
+///
+/// The sessions the token may see, by id: a tenant token its tenant's, an operator token every
+/// tenant's unless it names one.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
-    params(("agentId" = Option<String>, Query, description = "Only this agent's sessions"),
-        ("tenantId" = Option<String>, Query, description = "Only this tenant's (an operator token sees every tenant's without it)")),
+    params(SessionsQuery),
     responses(
         (status = 200, description = "Sessions the token may see", body = SessionList),
+        (status = 400, description = "An unknown query parameter, or an invalid tenantId", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor token", body = ErrorBody),
+        (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn list_sessions(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    QueryMap(query): QueryMap,
+    Params(query): Params<SessionsQuery>,
 ) -> Result<Json<SessionList>, ApiError> {
     let tenant = tenant.as_deref();
-    let asked = query.get("tenantId").map(String::as_str);
-    let agent = query.get("agentId").cloned();
+    let asked = query.tenant_id.as_deref();
     Ok(Json(SessionList {
-        sessions: state.runtime.list_sessions(tenant, asked, agent).await?,
+        sessions: state
+            .runtime
+            .list_sessions(tenant, asked, query.agent_id)
+            .await?,
     }))
 }
 
+/// Create a session
+///
+/// Creates a session idempotently: the same creation parameters again return it; other ones
+/// are 409.
 #[utoipa::path(put, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The session id within its tenant"),
-        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own")),
-    request_body = PutSession,
+    params(("id" = String, Path, min_length = 1, max_length = 200, description = "The session id within its tenant (1 to 200 characters)"),
+        TenantQuery),
+    request_body(content = PutSession,
+        example = json!({"agentId": "demo", "ownerUserId": "ada", "info": {"displayName": "Ada"}})),
     responses(
         (status = 200, description = "The session (created now or before with equal parameters)", body = SessionView),
-        (status = 400, description = "Bad JSON, unknown field, schema violation", body = ErrorBody),
+        (status = 400, description = "Bad JSON, unknown field, schema violation, tenantId query and field disagree, an unknown query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor token, or tenantId from a tenant token", body = ErrorBody),
+        (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
         (status = 404, description = "Unknown agent", body = ErrorBody),
         (status = 409, description = "Exists with other creation parameters", body = ErrorBody),
         (status = 413, description = "Body over 1 MiB", body = ErrorBody),
@@ -336,14 +435,15 @@ pub(crate) async fn list_sessions(
 pub(crate) async fn put_session(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    address: SessionAddress,
+    SessionId(id): SessionId,
+    Params(query): Params<TenantQuery>,
     body: Body<PutSession>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let (tenant, asked) = (tenant.as_deref(), address.tenant.as_deref());
+    let (tenant, asked) = (tenant.as_deref(), query.tenant_id.as_deref());
     Ok(Json(
         state
             .runtime
-            .put_session(tenant, asked, &address.id, body.value)
+            .put_session(tenant, asked, &id, body.value)
             .await?,
     ))
 }
@@ -352,42 +452,61 @@ pub(crate) async fn put_session(
 async fn visible(
     state: &AppState,
     tenant: Option<String>,
-    address: &SessionAddress,
+    asked: Option<&str>,
+    id: &str,
 ) -> Result<corral_store::Session, ApiError> {
-    let asked = address.tenant.as_deref();
     state
         .runtime
-        .visible_session(tenant.as_deref(), asked, &address.id)
+        .visible_session(tenant.as_deref(), asked, id)
         .await
 }
 
+/// Get a session
+///
+/// The session: status, what its turn waits on, its last error, open actions and uncertain
+/// effects.
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The session id within its tenant"),
-        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own")),
+    params(("id" = String, Path, min_length = 1, max_length = 200, description = "The session id within its tenant (1 to 200 characters)"),
+        TenantQuery),
     responses(
         (status = 200, description = "The session", body = SessionView),
+        (status = 400, description = "An unknown query parameter, an invalid tenantId or id", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor token", body = ErrorBody),
+        (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
         (status = 404, description = "Unknown, or another tenant's", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn get_session(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    address: SessionAddress,
+    SessionId(id): SessionId,
+    Params(query): Params<TenantQuery>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = visible(&state, tenant, &address).await?;
+    let session = visible(&state, tenant, query.tenant_id.as_deref(), &id).await?;
     Ok(Json(state.runtime.view(session).await?))
 }
 
+/// Send a command
+///
+/// Runs one command, idempotent by its `idempotencyKey`: `message`, `approve`, `respond`,
+/// `cancel` (application tokens), `action_result` (executor tokens), `resolve` (operator).
+/// `resolve` takes exactly one of `"retry": true` and `outcome` (400 otherwise).
 #[utoipa::path(post, path = "/v1/sessions/{id}/commands", tag = "sessions", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The session id within its tenant"),
-        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own")),
-    request_body = Command,
+    params(("id" = String, Path, min_length = 1, max_length = 200, description = "The session id within its tenant (1 to 200 characters)"),
+        TenantQuery),
+    request_body(content = Command, examples(
+        ("message" = (summary = "Start a turn", value = json!({"type": "message", "idempotencyKey": "m1", "content": "Run two sleeps at once"}))),
+        ("approve" = (summary = "Approve a paused call", value = json!({"type": "approve", "idempotencyKey": "a1", "interactionId": "94c42fd9-c38a-4dfd-87b2-541780f10a71:s0:t0", "approved": true}))),
+        ("respond" = (summary = "Answer an input request", value = json!({"type": "respond", "idempotencyKey": "r1", "interactionId": "94c42fd9-c38a-4dfd-87b2-541780f10a71:s0:t1", "value": {"city": "Paris"}}))),
+        ("cancel" = (summary = "Cancel the turn", value = json!({"type": "cancel", "idempotencyKey": "c1", "reason": "changed my mind"}))),
+        ("action_result" = (summary = "Report an action's outcome", value = json!({"type": "action_result", "idempotencyKey": "x1", "actionId": "94c42fd9-c38a-4dfd-87b2-541780f10a71:s0:t0:c0", "claimId": "6a1f0e52-3f0e-4a6b-9c55-0b1f0e7d9a11", "generation": 1, "outcome": {"value": {"done": true}}}))),
+        ("resolve" = (summary = "Retry an uncertain effect", value = json!({"type": "resolve", "idempotencyKey": "v1", "effectId": "94c42fd9-c38a-4dfd-87b2-541780f10a71:s0:t0:c0", "retry": true}))),
+    )),
     responses(
-        (status = 200, description = "Accepted (a replay returns the first response byte for byte)", body = Accepted),
-        (status = 400, description = "Bad JSON, unknown field, schema violation", body = ErrorBody),
+        (status = 200, description = "Accepted (a replay returns the first response byte for byte)", body = Accepted,
+            example = json!({"status": "accepted", "turnId": "94c42fd9-c38a-4dfd-87b2-541780f10a71", "cursor": 1, "requestId": null})),
+        (status = 400, description = "Bad JSON, unknown field, schema violation, resolve without exactly one of retry and outcome, an unknown query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor token for a non-executor command, or an action outside its scope", body = ErrorBody),
+        (status = 403, description = "Executor token for a non-executor command, an action outside its scope, or another tenant from a tenant token", body = ErrorBody),
         (status = 404, description = "Unknown session (or another tenant's), action or effect", body = ErrorBody),
         (status = 409, description = "Status rule, stale claim, or key bound to another command", body = ErrorBody),
         (status = 413, description = "Body over 1 MiB", body = ErrorBody),
@@ -395,53 +514,50 @@ pub(crate) async fn get_session(
 pub(crate) async fn post_command(
     State(state): State<AppState>,
     caller: Caller,
-    address: SessionAddress,
+    SessionId(id): SessionId,
+    Params(query): Params<TenantQuery>,
     body: Body<Command>,
 ) -> Result<Json<Value>, ApiError> {
-    let asked = address.tenant.as_deref();
+    let asked = query.tenant_id.as_deref();
     Ok(Json(
         state
             .runtime
-            .command(&caller, asked, &address.id, body.value, body.raw)
+            .command(&caller, asked, &id, body.value, body.raw)
             .await?,
     ))
 }
 
+/// Page the event history
+///
+/// A page of the session's events after `cursor`, oldest first.
 #[utoipa::path(get, path = "/v1/sessions/{id}/items", tag = "events", security(("bearer" = [])),
-    params(
-        ("id" = String, Path, description = "The session id within its tenant"),
-        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own"),
-        ("cursor" = Option<u64>, Query, description = "Events after this cursor (0: from the start)"),
-        ("limit" = Option<usize>, Query, description = "1..=1000, 100 by default")),
+    params(("id" = String, Path, min_length = 1, max_length = 200, description = "The session id within its tenant (1 to 200 characters)"),
+        ItemsQuery),
     responses(
         (status = 200, description = "A page of events", body = ItemsPage),
-        (status = 400, description = "Bad cursor or limit", body = ErrorBody),
+        (status = 400, description = "Bad cursor (beyond the newest event) or limit, an unknown query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor token", body = ErrorBody),
+        (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
         (status = 404, description = "Unknown, or another tenant's", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn get_items(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    address: SessionAddress,
-    QueryMap(query): QueryMap,
+    SessionId(id): SessionId,
+    Params(query): Params<ItemsQuery>,
 ) -> Result<Json<ItemsPage>, ApiError> {
-    let session = visible(&state, tenant, &address).await?;
-    let cursor = query
-        .get("cursor")
-        .map(|c| cursor_of(c))
-        .transpose()?
-        .unwrap_or(0);
-    let limit = match query.get("limit") {
+    let limit = match query.limit {
         None => 100,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=corral_store::MAX_PAGE).contains(n))
-            .ok_or_else(|| {
-                ApiError::InvalidRequest(format!("invalid limit {text:?}: 1 to 1000"))
-            })?,
+        Some(n) if (1..=corral_store::MAX_PAGE).contains(&(n as usize)) => n as usize,
+        Some(n) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "invalid limit {n}: 1 to {}",
+                corral_store::MAX_PAGE
+            )));
+        }
     };
+    let session = visible(&state, tenant, query.tenant_id.as_deref(), &id).await?;
+    let cursor = query.cursor.unwrap_or(0);
     let items = state
         .runtime
         .events_after(&session.id, cursor, limit)
@@ -453,29 +569,38 @@ pub(crate) async fn get_items(
     }))
 }
 
+fn cursor_of(text: &str) -> Result<u64, ApiError> {
+    text.parse::<u64>().map_err(|_| {
+        ApiError::InvalidRequest(format!(
+            "invalid cursor {text:?}: a cursor is a non-negative integer"
+        ))
+    })
+}
+
+/// Stream events (SSE)
+///
+/// The session's events as server-sent events: the history after the cursor, then live.
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "events", security(("bearer" = [])),
-    params(
-        ("id" = String, Path, description = "The session id within its tenant"),
-        ("tenantId" = Option<String>, Query, description = "An operator token's tenant (default: `default`); a tenant token may only name its own"),
-        ("cursor" = Option<u64>, Query, description = "Resume after this cursor (else Last-Event-ID, else 0)"),
+    params(("id" = String, Path, min_length = 1, max_length = 200, description = "The session id within its tenant (1 to 200 characters)"),
+        EventsQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this cursor")),
     responses(
         (status = 200, description = "Server-sent events: `id: CURSOR`, `event: TYPE`, `data: EVENT`", content_type = "text/event-stream", body = crate::wire::EventView),
-        (status = 400, description = "Bad cursor", body = ErrorBody),
+        (status = 400, description = "Bad cursor (beyond the newest event), an unknown query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor token", body = ErrorBody),
+        (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
         (status = 404, description = "Unknown, or another tenant's", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn get_events(
     State(state): State<AppState>,
     AppCaller(tenant): AppCaller,
-    address: SessionAddress,
+    SessionId(id): SessionId,
+    Params(query): Params<EventsQuery>,
     headers: HeaderMap,
-    QueryMap(query): QueryMap,
 ) -> Result<Response, ApiError> {
-    let session = visible(&state, tenant, &address).await?;
-    let cursor = match query.get("cursor") {
-        Some(text) => cursor_of(text)?,
+    let session = visible(&state, tenant, query.tenant_id.as_deref(), &id).await?;
+    let cursor = match query.cursor {
+        Some(cursor) => cursor,
         None => match headers.get("last-event-id") {
             Some(value) => cursor_of(value.to_str().unwrap_or("?"))?,
             None => 0,
@@ -490,27 +615,39 @@ pub(crate) async fn get_events(
     Ok(session_stream(&state.runtime, &state.hub, session.id, cursor).into_response())
 }
 
+/// Executor work stream (SSE)
+///
+/// Server-sent `work_available` events for an executor (executor tokens).
 #[utoipa::path(get, path = "/v1/executors/connect", tag = "executors", security(("bearer" = [])),
+    params(NoQuery),
     responses(
         (status = 200, description = "Server-sent `work_available` events", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Not an executor token", body = ErrorBody)))]
 pub(crate) async fn executor_connect(
     State(state): State<AppState>,
     _caller: ExecutorCaller,
+    Params(NoQuery {}): Params<NoQuery>,
 ) -> Result<Response, ApiError> {
     Ok(work_stream(&state.runtime, &state.hub).into_response())
 }
 
+/// List pending actions
+///
+/// The pending actions in the executor token's scope.
 #[utoipa::path(get, path = "/v1/actions", tag = "executors", security(("bearer" = [])),
+    params(NoQuery),
     responses(
         (status = 200, description = "Pending actions in the token's scope", body = ActionList),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Not an executor token", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn list_actions(
     State(state): State<AppState>,
     ExecutorCaller(scope): ExecutorCaller,
+    Params(NoQuery {}): Params<NoQuery>,
 ) -> Result<Json<ActionList>, ApiError> {
     let mut filter = ActionFilter::default();
     filter.statuses = vec![ActionStatus::Pending];
@@ -549,12 +686,15 @@ async fn scoped_action(
     Ok(action)
 }
 
+/// Claim an action
+///
+/// Claims a pending action for a lease, presenting the definition the executor runs.
 #[utoipa::path(post, path = "/v1/actions/{id}/claim", tag = "executors", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The action id")),
+    params(("id" = String, Path, description = "The action id"), NoQuery),
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "Claimed", body = ClaimResponse),
-        (status = 400, description = "Bad JSON, unknown field", body = ErrorBody),
+        (status = 400, description = "Bad JSON, unknown field, schema violation, a query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Not an executor token, or outside its scope", body = ErrorBody),
         (status = 404, description = "Unknown action", body = ErrorBody),
@@ -564,7 +704,8 @@ async fn scoped_action(
 pub(crate) async fn claim_action(
     State(state): State<AppState>,
     ExecutorCaller(scope): ExecutorCaller,
-    Path(id): Path<String>,
+    ActionId(id): ActionId,
+    Params(NoQuery {}): Params<NoQuery>,
     body: Body<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     scoped_action(&state, &scope, &id).await?;
@@ -591,12 +732,15 @@ pub(crate) async fn claim_action(
     }))
 }
 
+/// Heartbeat a claim
+///
+/// Extends a claim's lease.
 #[utoipa::path(post, path = "/v1/actions/{id}/heartbeat", tag = "executors", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The action id")),
+    params(("id" = String, Path, description = "The action id"), NoQuery),
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "Lease extended", body = HeartbeatResponse),
-        (status = 400, description = "Bad JSON, unknown field", body = ErrorBody),
+        (status = 400, description = "Bad JSON, unknown field, schema violation, a query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Not an executor token, or outside its scope", body = ErrorBody),
         (status = 404, description = "Unknown action", body = ErrorBody),
@@ -606,7 +750,8 @@ pub(crate) async fn claim_action(
 pub(crate) async fn heartbeat_action(
     State(state): State<AppState>,
     ExecutorCaller(scope): ExecutorCaller,
-    Path(id): Path<String>,
+    ActionId(id): ActionId,
+    Params(NoQuery {}): Params<NoQuery>,
     body: Body<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let action = scoped_action(&state, &scope, &id).await?;

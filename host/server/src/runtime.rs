@@ -218,7 +218,7 @@ impl Runtime {
                 )));
             }
         }
-        if session_id.is_empty() || session_id.len() > 200 {
+        if session_id.is_empty() || session_id.chars().count() > 200 {
             return Err(ApiError::InvalidRequest(
                 "the session id must have 1 to 200 characters".to_owned(),
             ));
@@ -447,7 +447,7 @@ impl Runtime {
                 action_id: action_id.clone(),
                 claim_id: claim_id.clone(),
                 generation: *generation,
-                outcome: outcome.clone(),
+                outcome: outcome.to_value(),
                 scope: Some(caller.executor()?.clone()),
             },
             Command::Resolve {
@@ -459,7 +459,7 @@ impl Runtime {
                 effect_id: effect_id.clone(),
                 resolution: match (retry, outcome) {
                     (Some(true), None) => Resolution::Retry,
-                    (None, Some(outcome)) => Resolution::Complete(outcome.clone()),
+                    (None, Some(outcome)) => Resolution::Complete(outcome.to_value()),
                     _ => {
                         return Err(ApiError::InvalidRequest(
                             "resolve takes either \"retry\": true or an \"outcome\"".to_owned(),

@@ -1,11 +1,15 @@
-//! The JSON bodies of the wire contract: the handlers and the OpenAPI description use these
-//! same types. Requests reject unknown fields.
+//! The JSON bodies and query parameters of the wire contract: the handlers and the OpenAPI
+//! description use these same types. Requests reject unknown fields and unknown query
+//! parameters; every constraint a handler enforces is in the schema (`docs/api.md`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::manifest::Manifest;
+
+/// The longest session id, in characters.
+pub const MAX_SESSION_ID: usize = 200;
 
 /// `PUT /v1/agents/{agentId}`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -13,7 +17,11 @@ use crate::manifest::Manifest;
 pub struct PutAgent {
     /// The manifest; its `id` must equal the path.
     pub manifest: Manifest,
-    /// The version of the implementation serving the agent.
+    /// The version of the implementation serving the agent (not blank).
+    #[schema(
+        pattern = "[^\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]",
+        example = "1"
+    )]
     pub implementation_version: String,
 }
 
@@ -67,15 +75,25 @@ pub struct UserInfo {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PutSession {
-    /// The agent.
+    /// The agent (not blank).
+    #[schema(
+        pattern = "[^\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]",
+        example = "demo"
+    )]
     pub agent_id: String,
-    /// The owning user.
+    /// The owning user (not blank).
+    #[schema(
+        pattern = "[^\\t\\n\\u000B\\f\\r \\u0085\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]",
+        example = "ada"
+    )]
     pub owner_user_id: String,
     /// The user's details.
     #[serde(default)]
     pub info: Option<UserInfo>,
-    /// The tenant (operator tokens only; a tenant token implies its own).
+    /// The tenant (operator tokens only; a tenant token may only name its own). When the
+    /// `tenantId` query parameter is given too, both must be equal.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,100}$")]
     pub tenant_id: Option<String>,
     /// Ignored when comparing a repeated create.
     #[serde(default)]
@@ -171,15 +189,62 @@ pub struct SessionView {
     pub active_turn_id: Option<String>,
     /// What the turn waits on: the pending interactions when paused, `{"effectIds"}` when
     /// waiting or uncertain, `null` otherwise.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Waits>)]
     pub waits: Value,
     /// The last failure, `{"code", "message"}`, or `null`.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<TurnError>)]
     pub error: Value,
     /// Actions of the session not completed or cancelled.
     pub actions: Vec<ActionView>,
     /// Effects whose outcome is unknown.
     pub uncertain_effects: Vec<UncertainEffect>,
+}
+
+/// What a session's turn waits on (the schema of the value the runtime writes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Waits {
+    /// Paused: the interactions a person must decide (`approve`, `respond`).
+    Interactions(Vec<PendingInteraction>),
+    /// Waiting or uncertain: the effects the turn waits on.
+    Effects(WaitingEffects),
+}
+
+/// An interaction a paused turn waits on (the chat runtime's `Interaction`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PendingInteraction {
+    /// Its id: pass it to `approve` or `respond`.
+    pub interaction_id: String,
+    /// `approval` or `input`.
+    pub kind: String,
+    /// `run_js` or the direct tool's name.
+    pub tool_name: String,
+    /// The gated capability (calls policy and direct tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_id: Option<String>,
+    /// What is to be approved.
+    pub arguments: Value,
+    /// SHA-256 (hex) of the arguments' canonical JSON.
+    pub arguments_sha256: String,
+}
+
+/// The effects a waiting or uncertain turn waits on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WaitingEffects {
+    /// Their ids (an action's id is its effect's).
+    pub effect_ids: Vec<String>,
+}
+
+/// Why a turn failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TurnError {
+    /// Such as `model_error`, `effect_cancelled`.
+    pub code: String,
+    /// What happened.
+    pub message: String,
 }
 
 /// An effect whose outcome is unknown.
@@ -227,18 +292,16 @@ pub struct ActionView {
     pub lease_expires_at: Option<String>,
 }
 
-/// `POST /v1/sessions/{id}/commands`.
+/// `POST /v1/sessions/{id}/commands`: one command, chosen by `type`. Every field is camelCase;
+/// unknown fields are refused.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
-#[serde(
-    tag = "type",
-    rename_all = "snake_case",
-    rename_all_fields = "camelCase",
-    deny_unknown_fields
-)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Command {
     /// Starts a turn (the session must be idle, completed, failed or cancelled).
+    #[serde(rename_all = "camelCase")]
     Message {
         /// Same key + same command returns the first response.
+        #[schema(min_length = 1)]
         idempotency_key: String,
         /// Echoed in the response; ignored when comparing commands.
         #[serde(default)]
@@ -247,13 +310,15 @@ pub enum Command {
         content: String,
     },
     /// Decides an approval the turn is paused on.
+    #[serde(rename_all = "camelCase")]
     Approve {
         /// Same key + same command returns the first response.
+        #[schema(min_length = 1)]
         idempotency_key: String,
         /// Echoed in the response.
         #[serde(default)]
         request_id: Option<String>,
-        /// The interaction.
+        /// The interaction (from the session's `waits`).
         interaction_id: String,
         /// The decision.
         approved: bool,
@@ -262,21 +327,25 @@ pub enum Command {
         reason: Option<String>,
     },
     /// Answers an input request the turn is paused on.
+    #[serde(rename_all = "camelCase")]
     Respond {
         /// Same key + same command returns the first response.
+        #[schema(min_length = 1)]
         idempotency_key: String,
         /// Echoed in the response.
         #[serde(default)]
         request_id: Option<String>,
-        /// The interaction.
+        /// The interaction (from the session's `waits`).
         interaction_id: String,
-        /// The answer.
-        #[schema(value_type = Object)]
+        /// The answer: any JSON value.
+        #[schema(value_type = Value)]
         value: Value,
     },
     /// Cancels the active turn.
+    #[serde(rename_all = "camelCase")]
     Cancel {
         /// Same key + same command returns the first response.
+        #[schema(min_length = 1)]
         idempotency_key: String,
         /// Echoed in the response.
         #[serde(default)]
@@ -286,8 +355,10 @@ pub enum Command {
         reason: Option<String>,
     },
     /// An executor reports an action's outcome (executor tokens only).
+    #[serde(rename_all = "camelCase")]
     ActionResult {
         /// Same key + same command returns the first response.
+        #[schema(min_length = 1)]
         idempotency_key: String,
         /// Echoed in the response.
         #[serde(default)]
@@ -297,28 +368,52 @@ pub enum Command {
         /// The claim.
         claim_id: String,
         /// The claim's generation.
+        #[serde(deserialize_with = "whole_number")]
         generation: u64,
-        /// The outcome (`{"value": ...}` or `{"error": ...}`).
-        #[schema(value_type = Object)]
-        outcome: Value,
+        /// The outcome: `{"value": ...}` or `{"error": "..."}`.
+        outcome: Outcome,
     },
-    /// An operator settles an uncertain effect: `retry: true`, or its `outcome`.
+    /// An operator settles an uncertain effect: `"retry": true`, or its `outcome` (exactly
+    /// one of the two).
+    #[serde(rename_all = "camelCase")]
     Resolve {
         /// Same key + same command returns the first response.
+        #[schema(min_length = 1)]
         idempotency_key: String,
         /// Echoed in the response.
         #[serde(default)]
         request_id: Option<String>,
         /// The uncertain effect.
         effect_id: String,
-        /// Perform it again.
+        /// Perform it again (only `true` is meaningful).
         #[serde(default)]
         retry: Option<bool>,
-        /// Or: what it returned.
+        /// Or: what it returned, `{"value": ...}` or `{"error": "..."}`.
         #[serde(default)]
-        #[schema(value_type = Option<Object>)]
-        outcome: Option<Value>,
+        outcome: Option<Outcome>,
     },
+}
+
+/// What an effect returned, as an executor (`action_result`) or an operator (`resolve`)
+/// reports it: exactly `{"value": ANY}` or `{"error": "MESSAGE"}`. The script sees the value,
+/// or a failed call with the message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Outcome {
+    /// The effect succeeded with this value (any JSON value, `null` included).
+    Value(Value),
+    /// The effect failed with this message.
+    Error(String),
+}
+
+impl Outcome {
+    /// The outcome as JSON, as the journal records it and the chat runtime reads it.
+    pub fn to_value(&self) -> Value {
+        match self {
+            Outcome::Value(value) => serde_json::json!({"value": value}),
+            Outcome::Error(message) => serde_json::json!({"error": message}),
+        }
+    }
 }
 
 impl Command {
@@ -452,6 +547,7 @@ pub struct HeartbeatRequest {
     /// The claim.
     pub claim_id: String,
     /// Its generation.
+    #[serde(deserialize_with = "whole_number")]
     pub generation: u64,
 }
 
@@ -477,6 +573,100 @@ pub struct Ready {
     pub status: String,
     /// Each check: `store`, `scheduler`, `accepting`.
     pub checks: std::collections::BTreeMap<String, bool>,
+}
+
+/// The query of a route that takes no parameter: any parameter is refused.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct NoQuery {}
+
+/// The query of a session route: an operator's choice of tenant ([`crate::tenancy`]).
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TenantQuery {
+    /// An operator token's tenant (default: `default`); a tenant token may only name its own.
+    #[param(
+        nullable = false,
+        pattern = "^[A-Za-z0-9._-]{1,100}$",
+        example = "acme"
+    )]
+    pub tenant_id: Option<String>,
+}
+
+/// The query of `GET /v1/sessions`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SessionsQuery {
+    /// Only this tenant's sessions (an operator sees every tenant's without it; a tenant token
+    /// may only name its own).
+    #[param(
+        nullable = false,
+        pattern = "^[A-Za-z0-9._-]{1,100}$",
+        example = "acme"
+    )]
+    pub tenant_id: Option<String>,
+    /// Only this agent's sessions.
+    #[param(nullable = false)]
+    pub agent_id: Option<String>,
+}
+
+/// The query of `GET /v1/sessions/{id}/items`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ItemsQuery {
+    /// An operator token's tenant (default: `default`); a tenant token may only name its own.
+    #[param(
+        nullable = false,
+        pattern = "^[A-Za-z0-9._-]{1,100}$",
+        example = "acme"
+    )]
+    pub tenant_id: Option<String>,
+    /// Events after this cursor (0, the default: from the start).
+    #[param(nullable = false, minimum = 0)]
+    pub cursor: Option<u64>,
+    /// How many events at most: 1 to 1000, 100 by default.
+    #[param(nullable = false, minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// The query of `GET /v1/sessions/{id}/events`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// An operator token's tenant (default: `default`); a tenant token may only name its own.
+    #[param(
+        nullable = false,
+        pattern = "^[A-Za-z0-9._-]{1,100}$",
+        example = "acme"
+    )]
+    pub tenant_id: Option<String>,
+    /// Resume after this cursor (else `Last-Event-ID`, else 0); at most the session's newest.
+    #[param(nullable = false, minimum = 0)]
+    pub cursor: Option<u64>,
+}
+
+/// A non-negative integer as JSON Schema counts one: `85` and `85.0` alike (the schema says
+/// `integer`, which `85.0` is), so a schema-valid request is never refused for its spelling.
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    if let Some(whole) = number.as_u64() {
+        return Ok(whole);
+    }
+    match number.as_f64() {
+        Some(float)
+            if float >= 0.0 && float.fract() == 0.0 && float < 18_446_744_073_709_551_616.0 =>
+        {
+            Ok(float as u64)
+        }
+        _ => Err(serde::de::Error::custom(format!(
+            "invalid value {number}: expected a non-negative integer"
+        ))),
+    }
 }
 
 /// RFC 3339 (UTC, milliseconds) of a store timestamp.

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod contract;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -157,7 +159,9 @@ impl Harness {
         body: Option<&Value>,
     ) -> (u16, String) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        let mut request = self
+            .client
+            .request(method.clone(), format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -168,7 +172,24 @@ impl Harness {
         }
         let response = request.send().await.expect("send");
         let status = response.status().as_u16();
-        (status, response.text().await.expect("body"))
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (allow, content_type) = (header("allow"), header("content-type"));
+        let text = response.text().await.expect("body");
+        contract::check_response(
+            method.as_str(),
+            path,
+            status,
+            allow.as_deref(),
+            content_type.as_deref(),
+            &text,
+        );
+        (status, text)
     }
 
     pub async fn call(
