@@ -7,7 +7,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use corral_store::ExecutorScope;
 
-use crate::config::Role;
+use crate::config::{Grants, Role};
 use crate::error::ApiError;
 use crate::runtime::Runtime;
 
@@ -18,16 +18,38 @@ pub enum Caller {
     Application {
         /// The tenant the token is scoped to.
         tenant: Option<String>,
+        /// The token's configured name (recorded as `decidedBy`).
+        name: String,
+        /// The operator acts a tenant token is granted.
+        grants: Grants,
     },
-    /// An executor scoped to one agent definition.
+    /// An executor scoped to one agent definition (and perhaps one tenant).
     Executor(ExecutorScope),
 }
 
 impl Caller {
+    /// The token's name, recorded as `decidedBy` (executors decide nothing).
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Caller::Application { name, .. } => Some(name),
+            Caller::Executor(_) => None,
+        }
+    }
+
+    /// Whether the caller may do what `grant` picks: operators always, tenant tokens when the
+    /// configuration grants it, executors never.
+    pub fn may(&self, grant: impl Fn(&Grants) -> bool) -> bool {
+        match self {
+            Caller::Application { tenant: None, .. } => true,
+            Caller::Application { grants, .. } => grant(grants),
+            Caller::Executor(_) => false,
+        }
+    }
+
     /// The application tenant scope, or 403 for an executor token.
     pub fn application(&self) -> Result<Option<&str>, ApiError> {
         match self {
-            Caller::Application { tenant } => Ok(tenant.as_deref()),
+            Caller::Application { tenant, .. } => Ok(tenant.as_deref()),
             Caller::Executor(_) => Err(ApiError::Forbidden(
                 "an executor token may only use the executor routes".to_owned(),
             )),
@@ -77,19 +99,42 @@ impl FromRequestParts<Arc<Runtime>> for Caller {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer TOKEN`".to_owned())
             })?;
-        match runtime.config().authenticate(token) {
-            Some(Role::Application { tenant }) => Ok(Caller::Application {
+        let found = runtime
+            .config()
+            .authenticate(token)
+            .ok_or_else(|| ApiError::Unauthorized("the token is not valid".to_owned()))?;
+        Ok(match &found.role {
+            Role::Application { tenant } => Caller::Application {
                 tenant: tenant.clone(),
-            }),
-            Some(Role::Executor(scope)) => Ok(Caller::Executor(scope.clone())),
-            None => Err(ApiError::Unauthorized("the token is not valid".to_owned())),
-        }
+                name: found.name.clone(),
+                grants: found.grants,
+            },
+            Role::Executor(scope) => Caller::Executor(scope.clone()),
+        })
     }
 }
 
 /// An application caller (403 for executor tokens, before the body is read); the tenant scope.
 #[derive(Debug, Clone)]
 pub struct AppCaller(pub Option<String>);
+
+/// An application caller (403 for executor tokens, before the body is read), whole: its
+/// tenant, name and grants.
+#[derive(Debug, Clone)]
+pub struct AppToken(pub Caller);
+
+impl FromRequestParts<Arc<Runtime>> for AppToken {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        runtime: &Arc<Runtime>,
+    ) -> Result<Self, ApiError> {
+        let caller = Caller::from_request_parts(parts, runtime).await?;
+        caller.application()?;
+        Ok(AppToken(caller))
+    }
+}
 
 /// An operator caller: an application token without a tenant.
 #[derive(Debug, Clone)]

@@ -251,6 +251,27 @@ fn script_user(session: &corral_store::Session) -> ScriptUser {
 
 #[async_trait]
 impl TurnRunner for ChatTurnRunner {
+    async fn check(&self, manifest: &Manifest, start_mcp: bool) -> Result<(), String> {
+        model_for(&manifest.model).map_err(|error| format!("manifest.model: {error}"))?;
+        let (catalog, backend, _) = manifest_capabilities(manifest)
+            .map_err(|error| format!("manifest.capabilities: {error}"))?;
+        if start_mcp && !manifest.mcp_servers.is_empty() {
+            let bound = self
+                .mcp
+                .bind(
+                    &manifest.mcp_servers,
+                    Some(catalog),
+                    Some(Arc::new(backend)),
+                )
+                .await
+                .map_err(|error| format!("manifest.mcpServers: {error}"))?;
+            if let Some(error) = bound.errors.first() {
+                return Err(format!("manifest.mcpServers: {error}"));
+            }
+        }
+        Ok(())
+    }
+
     async fn run(&self, job: TurnJob) -> TurnOutcome {
         let manifest = match Manifest::from_value(&job.session.manifest) {
             Ok(manifest) => manifest,

@@ -150,6 +150,29 @@ pub struct TokenConfig {
     pub token: String,
     /// What it may do.
     pub role: Role,
+    /// The name recorded as `decidedBy` when it decides (approve, respond, cancel, resolve);
+    /// never the secret. Defaults to `operator`, `tenant:NAME` or `executor:AGENT`.
+    pub name: String,
+    /// What a tenant token may do beyond its tenant's sessions (operators may do everything).
+    pub grants: Grants,
+}
+
+/// Operator acts a tenant token may be granted (`canRegisterAgents`, `canResolve`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Grants {
+    /// Register and replace agents owned by its tenant.
+    pub register_agents: bool,
+    /// Settle its sessions' `uncertain` effects (`resolve`).
+    pub resolve: bool,
+}
+
+impl Grants {
+    /// Every act (what an operator token has).
+    pub const ALL: Grants = Grants {
+        register_agents: true,
+        resolve: true,
+    };
 }
 
 /// What a token may do.
@@ -213,6 +236,11 @@ struct RawConfig {
 struct RawToken {
     token: String,
     role: String,
+    name: Option<String>,
+    #[serde(default)]
+    can_register_agents: bool,
+    #[serde(default)]
+    can_resolve: bool,
     tenant: Option<String>,
     agent: Option<String>,
     manifest_hash: Option<String>,
@@ -341,16 +369,19 @@ impl Config {
                     "repeats another token; every token must be unique",
                 ));
             }
+            if let Some(problem) = name_problem(&token.name) {
+                return Err(field(format!("tokens[{index}].name"), problem));
+            }
         }
         Ok(())
     }
 
-    /// The role of `presented`, comparing it with every token in constant time.
-    pub fn authenticate(&self, presented: &str) -> Option<&Role> {
+    /// The token `presented` is, comparing it with every token in constant time.
+    pub fn authenticate(&self, presented: &str) -> Option<&TokenConfig> {
         let mut found = None;
         for token in &self.tokens {
             if bool::from(token.token.as_bytes().ct_eq(presented.as_bytes())) {
-                found = Some(&token.role);
+                found = Some(token);
             }
         }
         found
@@ -373,20 +404,63 @@ impl StoreLocation {
     }
 }
 
+/// Why `name` cannot name a token: 1 to 100 printable characters.
+fn name_problem(name: &str) -> Option<&'static str> {
+    if name.trim().is_empty() || name.chars().count() > 100 {
+        return Some("must have 1 to 100 characters, not all blank");
+    }
+    if name.chars().any(char::is_control) {
+        return Some("must not contain control characters");
+    }
+    None
+}
+
 impl TokenConfig {
-    /// An application token (operator token when `tenant` is `None`).
+    /// An application token (operator token when `tenant` is `None`), named after its role.
     pub fn application(token: impl Into<String>, tenant: Option<String>) -> Self {
+        let role = Role::Application { tenant };
         TokenConfig {
             token: token.into(),
-            role: Role::Application { tenant },
+            name: role.default_name(),
+            role,
+            grants: Grants::default(),
         }
     }
 
-    /// An executor token scoped to one agent definition.
+    /// An executor token scoped to one agent definition (and, if the scope names one, to one
+    /// tenant's sessions), named after its agent.
     pub fn executor(token: impl Into<String>, scope: ExecutorScope) -> Self {
+        let role = Role::Executor(scope);
         TokenConfig {
             token: token.into(),
-            role: Role::Executor(scope),
+            name: role.default_name(),
+            role,
+            grants: Grants::default(),
+        }
+    }
+
+    /// The same token under another name.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The same token with `grants` (meaningful for tenant tokens).
+    pub fn granted(mut self, grants: Grants) -> Self {
+        self.grants = grants;
+        self
+    }
+}
+
+impl Role {
+    /// `operator`, `tenant:NAME` or `executor:AGENT`.
+    fn default_name(&self) -> String {
+        match self {
+            Role::Application { tenant: None } => "operator".to_owned(),
+            Role::Application {
+                tenant: Some(tenant),
+            } => format!("tenant:{tenant}"),
+            Role::Executor(scope) => format!("executor:{}", scope.agent_id),
         }
     }
 }
@@ -413,19 +487,43 @@ impl RawToken {
                 if let Some(problem) = self.tenant.as_deref().and_then(tenant_problem) {
                     return Err(field(name("tenant"), problem));
                 }
+                if self.tenant.is_none() {
+                    for (key, granted) in [
+                        ("canRegisterAgents", self.can_register_agents),
+                        ("canResolve", self.can_resolve),
+                    ] {
+                        if granted {
+                            return Err(field(
+                                name(key),
+                                "is only for tenant tokens (an operator token may do everything)",
+                            ));
+                        }
+                    }
+                }
                 Role::Application {
                     tenant: self.tenant,
                 }
             }
             "executor" => {
-                if self.tenant.is_some() {
-                    return Err(field(name("tenant"), "is only for application tokens"));
+                if let Some(problem) = self.tenant.as_deref().and_then(tenant_problem) {
+                    return Err(field(name("tenant"), problem));
                 }
-                Role::Executor(ExecutorScope::new(
-                    non_empty("agent", self.agent)?,
-                    non_empty("manifestHash", self.manifest_hash)?,
-                    non_empty("implementationVersion", self.implementation_version)?,
-                ))
+                for (key, granted) in [
+                    ("canRegisterAgents", self.can_register_agents),
+                    ("canResolve", self.can_resolve),
+                ] {
+                    if granted {
+                        return Err(field(name(key), "is only for tenant application tokens"));
+                    }
+                }
+                Role::Executor(
+                    ExecutorScope::new(
+                        non_empty("agent", self.agent)?,
+                        non_empty("manifestHash", self.manifest_hash)?,
+                        non_empty("implementationVersion", self.implementation_version)?,
+                    )
+                    .for_tenant(self.tenant),
+                )
             }
             other => {
                 return Err(field(
@@ -436,7 +534,12 @@ impl RawToken {
         };
         Ok(TokenConfig {
             token: self.token,
+            name: self.name.unwrap_or_else(|| role.default_name()),
             role,
+            grants: Grants {
+                register_agents: self.can_register_agents,
+                resolve: self.can_resolve,
+            },
         })
     }
 }

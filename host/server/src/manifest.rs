@@ -148,6 +148,41 @@ pub struct Limits {
     pub max_total_calls: Option<u32>,
 }
 
+impl Limits {
+    /// The limits' ranges, those `corral exec` and the sandbox enforce: fuel, the timeout, the
+    /// memory cap and concurrent calls at least 1; the timeout at most a day; memory at most
+    /// the guest's declared maximum.
+    pub fn check(&self) -> Result<(), ManifestError> {
+        let max_memory_mb = corral_sandbox::GUEST_MAX_MEMORY_BYTES >> 20;
+        let ranges = [
+            ("fuel", self.fuel, 1, u64::MAX),
+            (
+                "timeoutMs",
+                self.timeout_ms,
+                1,
+                corral_sandbox::MAX_TIMEOUT_MS,
+            ),
+            ("memoryMb", self.memory_mb, 1, max_memory_mb),
+            (
+                "maxConcurrentCalls",
+                self.max_concurrent_calls.map(u64::from),
+                1,
+                u64::from(u32::MAX),
+            ),
+        ];
+        for (name, value, low, high) in ranges {
+            if let Some(value) = value
+                && !(low..=high).contains(&value)
+            {
+                return Err(ManifestError(format!(
+                    "manifest.limits.{name} must be between {low} and {high}, not {value}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where a capability runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -186,12 +221,23 @@ impl Manifest {
                 "manifest.maxSteps must be positive".to_owned(),
             ));
         }
+        if let Some(limits) = &self.limits {
+            limits.check()?;
+        }
         let mut catalog = Vec::new();
+        let mut ids = std::collections::HashMap::new();
         for (index, capability) in self.capabilities.iter().enumerate() {
             let at = format!("manifest.capabilities[{index}]");
             let Some(object) = capability.as_object() else {
                 return Err(ManifestError(format!("{at} must be an object")));
             };
+            if let Some(id) = object.get("id").and_then(Value::as_str)
+                && let Some(first) = ids.insert(id.to_owned(), index)
+            {
+                return Err(ManifestError(format!(
+                    "{at}.id {id:?} repeats manifest.capabilities[{first}].id; capability ids must be unique"
+                )));
+            }
             let mut definition = object.clone();
             let kind: CapabilityKind = match definition.remove("kind") {
                 None => return Err(ManifestError(format!("{at}.kind is required"))),

@@ -26,7 +26,7 @@ use crate::wire::*;
     components(schemas(
         ErrorBody, ErrorCode, Manifest, ModelSpec, ScriptedReply, ToolCall, Mode, Approval, Limits,
         PutAgent, AgentPut, AgentView, AgentList, UserInfo, PutSession, Status, SessionSummary,
-        SessionList, SessionView, Waits, PendingInteraction, WaitingEffects, TurnError,
+        SessionList, SessionView, Waits, PendingInteraction, WaitingEffects, TurnError, LastDecision,
         UncertainEffect, ActionView, Command, Outcome, Accepted, EventView, ItemsPage, ActionList,
         ClaimRequest, ClaimResponse, HeartbeatRequest, HeartbeatResponse, Health, Ready,
     )),

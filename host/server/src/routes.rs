@@ -16,11 +16,11 @@ use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{AppCaller, Caller, ExecutorCaller, OperatorCaller};
+use crate::auth::{AppCaller, AppToken, Caller, ExecutorCaller, OperatorCaller};
 use crate::error::{ApiError, ErrorBody};
-use crate::manifest::Manifest;
 use crate::runtime::{Runtime, action_view};
 use crate::sse::{Hub, session_stream, work_stream};
+use crate::tenancy::tenant_of;
 use crate::wire::{
     Accepted, ActionList, AgentList, AgentPut, AgentView, ClaimRequest, ClaimResponse, Command,
     EventsQuery, Health, HeartbeatRequest, HeartbeatResponse, ItemsPage, ItemsQuery,
@@ -112,7 +112,7 @@ macro_rules! caller_extractor {
         }
     )*};
 }
-caller_extractor!(Caller, AppCaller, OperatorCaller, ExecutorCaller);
+caller_extractor!(Caller, AppCaller, AppToken, OperatorCaller, ExecutorCaller);
 
 /// A JSON body of at most [`MAX_BODY`] bytes, parsed into `T` (unknown fields rejected, errors
 /// naming the field), with the JSON value it came from.
@@ -301,7 +301,8 @@ pub(crate) async fn openapi(Params(NoQuery {}): Params<NoQuery>) -> Response {
 
 /// List agents
 ///
-/// Every registered agent, by id (application tokens).
+/// The agents the token may see, by id: every agent for an operator token; for a tenant token
+/// its tenant's and those shared with it (without `sharedWith`).
 #[utoipa::path(get, path = "/v1/agents", tag = "agents", security(("bearer" = [])),
     params(NoQuery),
     responses(
@@ -312,17 +313,18 @@ pub(crate) async fn openapi(Params(NoQuery {}): Params<NoQuery>) -> Response {
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn list_agents(
     State(state): State<AppState>,
-    _caller: AppCaller,
+    AppCaller(tenant): AppCaller,
     Params(NoQuery {}): Params<NoQuery>,
 ) -> Result<Json<AgentList>, ApiError> {
     Ok(Json(AgentList {
-        agents: state.runtime.list_agents().await?,
+        agents: state.runtime.list_agents(tenant.as_deref()).await?,
     }))
 }
 
 /// Get an agent
 ///
-/// One registered agent: its manifest, hash and implementation version (application tokens).
+/// One registered agent: its manifest, hash and implementation version (404 for an agent a
+/// tenant token may not see).
 #[utoipa::path(get, path = "/v1/agents/{agentId}", tag = "agents", security(("bearer" = [])),
     params(("agentId" = String, Path, description = "The agent id"), NoQuery),
     responses(
@@ -334,13 +336,13 @@ pub(crate) async fn list_agents(
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn get_agent(
     State(state): State<AppState>,
-    _caller: AppCaller,
+    AppCaller(tenant): AppCaller,
     ActionId(agent_id): ActionId,
     Params(NoQuery {}): Params<NoQuery>,
 ) -> Result<Json<AgentView>, ApiError> {
     state
         .runtime
-        .list_agents()
+        .list_agents(tenant.as_deref())
         .await?
         .into_iter()
         .find(|agent| agent.agent_id == agent_id)
@@ -350,39 +352,39 @@ pub(crate) async fn get_agent(
 
 /// Register an agent
 ///
-/// Registers an agent, or replaces its manifest (operator token). The manifest's `id` must
-/// equal the path and the manifest must pass its checks (capability kinds and schemas, MCP
-/// servers): both are 400 otherwise.
+/// Registers an agent, or replaces its manifest: an operator's own (shared with the tenants in
+/// `sharedWith`) or one owned by a tenant (`tenantId`); a tenant token granted
+/// `canRegisterAgents` registers agents owned by its tenant. The manifest's `id` must equal the
+/// path and the manifest must pass its checks (capability kinds, unique ids and schemas, limits
+/// within their ranges, a model provider whose key the server has, MCP server definitions, and
+/// with `checkMcpServers` MCP servers that start and list their tools): 400 otherwise, naming
+/// the field.
 #[utoipa::path(put, path = "/v1/agents/{agentId}", tag = "agents", security(("bearer" = [])),
     params(("agentId" = String, Path, description = "The agent id; equal to the manifest's id"), NoQuery),
     request_body(content = PutAgent, example = json!({"manifest": {"id": "demo", "instructions": "Help.",
         "model": {"provider": "scripted", "replies": [{"text": "hi"}]},
-        "capabilities": [{"kind": "builtin", "id": "examples.echo"}]}, "implementationVersion": "1"})),
+        "capabilities": [{"kind": "builtin", "id": "examples.echo"}]}, "implementationVersion": "1",
+        "sharedWith": ["acme"]})),
     responses(
         (status = 200, description = "Registered", body = AgentPut),
-        (status = 400, description = "Bad JSON, unknown field, schema violation, invalid manifest, id mismatch, a query parameter", body = ErrorBody),
+        (status = 400, description = "Bad JSON, unknown field, schema violation, invalid manifest (limits out of range, duplicate capability ids, a provider without a key, an MCP server that cannot start), id mismatch, an invalid tenant name, tenantId with sharedWith, a query parameter", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Executor or tenant token", body = ErrorBody),
+        (status = 403, description = "Executor token; a tenant token not granted canRegisterAgents, naming another tenant or sharing", body = ErrorBody),
+        (status = 409, description = "A tenant token registering an id another tenant or the operator holds", body = ErrorBody),
         (status = 413, description = "Body over 1 MiB", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn put_agent(
     State(state): State<AppState>,
-    _caller: OperatorCaller,
+    AppToken(caller): AppToken,
     ActionId(agent_id): ActionId,
     Params(NoQuery {}): Params<NoQuery>,
     body: Body<PutAgent>,
 ) -> Result<Json<AgentPut>, ApiError> {
     let raw_manifest = body.raw.get("manifest").cloned().unwrap_or(Value::Null);
-    let manifest: &Manifest = &body.value.manifest;
     Ok(Json(
         state
             .runtime
-            .put_agent(
-                &agent_id,
-                manifest,
-                raw_manifest,
-                &body.value.implementation_version,
-            )
+            .put_agent(&caller, &agent_id, &body.value, raw_manifest)
             .await?,
     ))
 }
@@ -651,7 +653,7 @@ pub(crate) async fn list_actions(
 ) -> Result<Json<ActionList>, ApiError> {
     let mut filter = ActionFilter::default();
     filter.statuses = vec![ActionStatus::Pending];
-    filter.scope = Some(scope);
+    filter.scope = Some(scope.clone());
     let actions = state
         .runtime
         .store
@@ -659,7 +661,11 @@ pub(crate) async fn list_actions(
         .await
         .map_err(|e| ApiError::from_store("list actions", e))?;
     Ok(Json(ActionList {
-        actions: actions.into_iter().map(action_view).collect(),
+        actions: actions
+            .into_iter()
+            .filter(|action| scope.covers_tenant(tenant_of(&action.session_id)))
+            .map(action_view)
+            .collect(),
     }))
 }
 
@@ -675,10 +681,7 @@ async fn scoped_action(
         .get_action(action_id)
         .await
         .map_err(|e| ApiError::from_store("get action", e))?;
-    if action.agent_id != scope.agent_id
-        || action.manifest_hash != scope.manifest_hash
-        || action.implementation_version != scope.implementation_version
-    {
+    if !scope.covers(&action, tenant_of(&action.session_id)) {
         return Err(ApiError::Forbidden(
             "the action is outside the executor token's scope".to_owned(),
         ));

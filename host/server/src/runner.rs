@@ -50,4 +50,17 @@ pub use corral_store::SegmentOutcome as TurnOutcome;
 pub trait TurnRunner: Send + Sync + std::fmt::Debug + 'static {
     /// Runs one segment to its end. Never panics on bad input; errors are outcomes.
     async fn run(&self, job: TurnJob) -> TurnOutcome;
+
+    /// Checks at registration what would otherwise fail every turn of `manifest` (its model's
+    /// provider has a key, its capabilities bind; with `start_mcp`, its MCP servers start and
+    /// list their tools). The message names the manifest's field. Runners that need nothing
+    /// beyond the manifest's own checks accept everything.
+    async fn check(
+        &self,
+        manifest: &crate::manifest::Manifest,
+        start_mcp: bool,
+    ) -> Result<(), String> {
+        let _ = (manifest, start_mcp);
+        Ok(())
+    }
 }

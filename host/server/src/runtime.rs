@@ -23,16 +23,16 @@ use tokio_util::task::TaskTracker;
 use crate::auth::Caller;
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::manifest::{Manifest, manifest_hash};
+use crate::manifest::manifest_hash;
 use crate::metrics::Metrics;
 use crate::runner::TurnRunner;
 use crate::wire::{
-    ActionView, AgentPut, AgentView, Command, EventView, PutSession, SessionSummary, SessionView,
-    Status, UncertainEffect, rfc3339,
+    ActionView, AgentPut, AgentView, Command, EventView, PutAgent, PutSession, SessionSummary,
+    SessionView, Status, UncertainEffect, rfc3339,
 };
 
 pub use crate::tenancy::DEFAULT_TENANT;
-use crate::tenancy::{addressed_tenant, public_id, session_key};
+use crate::tenancy::{addressed_tenant, public_id, session_key, tenant_of};
 
 /// The shared state of a running server.
 #[derive(Debug)]
@@ -114,11 +114,14 @@ impl Runtime {
     /// Registers an agent.
     pub async fn put_agent(
         &self,
+        caller: &Caller,
         agent_id: &str,
-        manifest: &Manifest,
+        body: &PutAgent,
         raw_manifest: Value,
-        implementation_version: &str,
     ) -> Result<AgentPut, ApiError> {
+        let manifest = &body.manifest;
+        let implementation_version = body.implementation_version.as_str();
+        let owner = self.agent_owner(caller, agent_id, body).await?;
         if manifest.id != agent_id {
             return Err(ApiError::InvalidRequest(format!(
                 "manifest.id {:?} must equal the agent id {agent_id:?} of the path",
@@ -133,15 +136,22 @@ impl Runtime {
         manifest
             .check()
             .map_err(|error| ApiError::InvalidRequest(error.to_string()))?;
+        self.runner
+            .check(manifest, body.check_mcp_servers)
+            .await
+            .map_err(ApiError::InvalidRequest)?;
         let hash = manifest_hash(&raw_manifest);
+        let shared_with = if owner.is_some() {
+            Vec::new()
+        } else {
+            body.shared_with.clone()
+        };
         let agent = self
             .store
-            .put_agent(NewAgent::new(
-                agent_id,
-                raw_manifest,
-                &hash,
-                implementation_version,
-            ))
+            .put_agent(
+                NewAgent::new(agent_id, raw_manifest, &hash, implementation_version)
+                    .with_access(owner, shared_with),
+            )
             .await
             .map_err(|e| ApiError::from_store("put agent", e))?;
         Ok(AgentPut {
@@ -151,8 +161,64 @@ impl Runtime {
         })
     }
 
-    /// Every agent.
-    pub async fn list_agents(&self) -> Result<Vec<AgentView>, ApiError> {
+    /// Who will own agent `agent_id` as `caller` registers it: the caller's tenant for a tenant
+    /// token (granted `canRegisterAgents`, never over another tenant's or the operator's agent),
+    /// the body's `tenantId` for an operator.
+    async fn agent_owner(
+        &self,
+        caller: &Caller,
+        agent_id: &str,
+        body: &PutAgent,
+    ) -> Result<Option<String>, ApiError> {
+        for tenant in body.tenant_id.iter().chain(body.shared_with.iter()) {
+            if tenant != "*"
+                && let Some(problem) = crate::tenancy::tenant_problem(tenant)
+            {
+                return Err(ApiError::InvalidRequest(format!(
+                    "tenant {tenant:?} {problem}"
+                )));
+            }
+        }
+        if body.tenant_id.as_deref() == Some("*") {
+            return Err(ApiError::InvalidRequest(
+                "tenantId names one tenant; \"*\" is only for sharedWith".to_owned(),
+            ));
+        }
+        if body.tenant_id.is_some() && !body.shared_with.is_empty() {
+            return Err(ApiError::InvalidRequest(
+                "a tenant's agent is not shared: give tenantId or sharedWith, not both".to_owned(),
+            ));
+        }
+        let Some(own) = caller.application()? else {
+            return Ok(body.tenant_id.clone());
+        };
+        if !caller.may(|g| g.register_agents) {
+            return Err(ApiError::Forbidden(
+                "registering agents is an operator's act: this tenant token is not granted canRegisterAgents"
+                    .to_owned(),
+            ));
+        }
+        if body.tenant_id.as_deref().is_some_and(|asked| asked != own) {
+            return Err(ApiError::Forbidden(
+                "a tenant token registers agents for its own tenant only".to_owned(),
+            ));
+        }
+        if !body.shared_with.is_empty() {
+            return Err(ApiError::Forbidden(
+                "only an operator shares agents with tenants".to_owned(),
+            ));
+        }
+        match self.store.get_agent(agent_id).await {
+            Ok(existing) if existing.owner_tenant.as_deref() != Some(own) => Err(
+                ApiError::Conflict(format!("agent id {agent_id:?} is taken; choose another")),
+            ),
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Some(own.to_owned())),
+            Err(error) => Err(ApiError::from_store("get agent", error)),
+        }
+    }
+
+    /// The agents `tenant` may see (every agent for an operator, `tenant: None`).
+    pub async fn list_agents(&self, tenant: Option<&str>) -> Result<Vec<AgentView>, ApiError> {
         let agents = self
             .store
             .list_agents()
@@ -160,11 +226,14 @@ impl Runtime {
             .map_err(|e| ApiError::from_store("list agents", e))?;
         Ok(agents
             .into_iter()
+            .filter(|a| tenant.is_none_or(|tenant| a.visible_to(tenant)))
             .map(|a| AgentView {
                 agent_id: a.agent_id,
                 manifest: a.manifest,
                 manifest_hash: a.manifest_hash,
                 implementation_version: a.implementation_version,
+                tenant_id: a.owner_tenant,
+                shared_with: tenant.is_none().then_some(a.shared_with),
             })
             .collect())
     }
@@ -237,6 +306,26 @@ impl Runtime {
             creation,
         );
         new.state = server_state(&Value::Null, Value::Null, Value::Null);
+        // A tenant token uses only the agents it may see; nobody opens a session of one
+        // tenant on an agent another tenant owns. An unusable agent is "not found", as an
+        // unknown one is, so its existence does not leak.
+        match self.store.get_agent(&body.agent_id).await {
+            Ok(agent) => {
+                let usable = match (&agent.owner_tenant, tenant) {
+                    (Some(owner), _) => *owner == tenant_id,
+                    (None, Some(_)) => agent.visible_to(&tenant_id),
+                    (None, None) => true,
+                };
+                if !usable {
+                    return Err(ApiError::NotFound(format!(
+                        "agent {:?} not found",
+                        body.agent_id
+                    )));
+                }
+            }
+            Err(StoreError::NotFound { .. }) => {}
+            Err(error) => return Err(ApiError::from_store("get agent", error)),
+        }
         let created = self.store.create_session(new).await.map_err(|e| match e {
             StoreError::NotFound { .. } => {
                 ApiError::NotFound(format!("agent {:?} not found", body.agent_id))
@@ -319,6 +408,11 @@ impl Runtime {
             status: Status::of(session.status),
             active_turn_id: session.active_turn_id,
             actions: actions.into_iter().map(action_view).collect(),
+            last_decision: session
+                .state
+                .get("lastDecision")
+                .cloned()
+                .unwrap_or(Value::Null),
             uncertain_effects: uncertain
                 .into_iter()
                 .map(|e| UncertainEffect {
@@ -397,10 +491,13 @@ impl Runtime {
             }
             _ => {
                 let tenant = caller.application()?;
-                let decided_by = match tenant {
-                    Some(tenant) => format!("tenant:{tenant}"),
-                    None => "operator".to_owned(),
-                };
+                if matches!(command, Command::Resolve { .. }) && !caller.may(|g| g.resolve) {
+                    return Err(ApiError::Forbidden(
+                        "resolve is an operator's act: this tenant token is not granted canResolve"
+                            .to_owned(),
+                    ));
+                }
+                let decided_by = caller.name().unwrap_or_default().to_owned();
                 let key = match addressed_tenant(tenant, asked) {
                     Ok(tenant) => session_key(&tenant, path_id),
                     Err(error) => return Err(error),
@@ -530,6 +627,7 @@ impl Status {
 pub fn action_view(a: corral_store::Action) -> ActionView {
     ActionView {
         action_id: a.action_id,
+        tenant_id: tenant_of(&a.session_id).to_owned(),
         session_id: public_id(&a.session_id).to_owned(),
         turn_id: a.turn_id,
         agent_id: a.agent_id,

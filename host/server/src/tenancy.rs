@@ -29,6 +29,12 @@ pub fn public_id(key: &str) -> &str {
     key.split_once('/').map_or(key, |(_, id)| id)
 }
 
+/// The tenant of the session stored under `key`.
+pub fn tenant_of(key: &str) -> &str {
+    key.split_once('/')
+        .map_or(DEFAULT_TENANT, |(tenant, _)| tenant)
+}
+
 /// Why `tenant` is not a valid tenant name, if it is not: 1 to [`MAX_TENANT`] ASCII letters,
 /// digits, `-`, `_` or `.`.
 pub fn tenant_problem(tenant: &str) -> Option<String> {

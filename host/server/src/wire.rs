@@ -23,6 +23,21 @@ pub struct PutAgent {
         example = "1"
     )]
     pub implementation_version: String,
+    /// Start the manifest's MCP servers and list their tools before registering, refusing the
+    /// manifest (400, naming the server) if one cannot (default `false`: they start with the
+    /// first turn that needs them).
+    #[serde(default)]
+    pub check_mcp_servers: bool,
+    /// The tenant that owns the agent (only its tokens see and use it). A tenant token may
+    /// register agents only for its own tenant (and only when granted `canRegisterAgents`);
+    /// absent from an operator: the operator's own agent.
+    #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,100}$")]
+    pub tenant_id: Option<String>,
+    /// For an operator's agent: the tenants whose tokens may see and use it (`"*"`: every
+    /// tenant). Operator tokens see and use every agent.
+    #[serde(default)]
+    pub shared_with: Vec<String>,
 }
 
 /// The answer to `PUT /v1/agents/{agentId}`.
@@ -50,6 +65,11 @@ pub struct AgentView {
     pub manifest_hash: String,
     /// The implementation version.
     pub implementation_version: String,
+    /// The tenant that owns it, or `null` for an operator's agent.
+    pub tenant_id: Option<String>,
+    /// The tenants an operator's agent is shared with (`"*"`: every tenant); `null` when a
+    /// tenant token asks (it does not learn other tenants' names).
+    pub shared_with: Option<Vec<String>>,
 }
 
 /// `GET /v1/agents`.
@@ -198,6 +218,29 @@ pub struct SessionView {
     pub actions: Vec<ActionView>,
     /// Effects whose outcome is unknown.
     pub uncertain_effects: Vec<UncertainEffect>,
+    /// The last decision taken on the session (`approve`, `respond`, `cancel`, `resolve`) and
+    /// the name of the token that took it, or `null`.
+    #[schema(value_type = Option<LastDecision>)]
+    pub last_decision: Value,
+}
+
+/// The last decision taken on a session, and by which token (its configured name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LastDecision {
+    /// `approve`, `respond`, `cancel` or `resolve`.
+    pub command: String,
+    /// The token's configured name (never its secret).
+    pub decided_by: String,
+    /// The interaction decided (`approve`, `respond`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interaction_id: Option<String>,
+    /// Whether it was approved (`approve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
+    /// The effect settled (`resolve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect_id: Option<String>,
 }
 
 /// What a session's turn waits on (the schema of the value the runtime writes).
@@ -267,7 +310,9 @@ pub struct UncertainEffect {
 pub struct ActionView {
     /// The action (equal to its effect id).
     pub action_id: String,
-    /// The session.
+    /// The session's tenant (session ids are unique only within a tenant).
+    pub tenant_id: String,
+    /// The session (within its tenant).
     pub session_id: String,
     /// The turn.
     pub turn_id: String,

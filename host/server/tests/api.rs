@@ -3,6 +3,8 @@
 mod common;
 #[path = "api/contract.rs"]
 mod contract;
+#[path = "api/tenancy.rs"]
+mod tenancy;
 
 use std::time::Duration;
 
@@ -100,7 +102,8 @@ async fn agents_are_registered_with_their_hash_and_validated() {
     let list = h.ok("GET", "/v1/agents", OPERATOR, None).await;
     assert_eq!(
         list,
-        json!({"agents": [{"agentId": "helper", "manifest": manifest(), "manifestHash": hash, "implementationVersion": "1"}]})
+        json!({"agents": [{"agentId": "helper", "manifest": manifest(), "manifestHash": hash, "implementationVersion": "1",
+            "tenantId": null, "sharedWith": ["*"]}]})
     );
     let put = |manifest: Value| json!({"manifest": manifest, "implementationVersion": "1"});
     // The manifest's id must equal the path.
@@ -153,6 +156,54 @@ async fn agents_are_registered_with_their_hash_and_validated() {
         .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
         .await;
     assert_error(status, &body, 400, "invalid_request");
+    // Limits outside their ranges and repeated capability ids are refused at registration,
+    // naming the field, instead of failing every turn.
+    for (field, value, named) in [
+        (
+            "limits",
+            json!({"timeoutMs": 0}),
+            "manifest.limits.timeoutMs",
+        ),
+        (
+            "limits",
+            json!({"timeoutMs": 86_400_001u64}),
+            "manifest.limits.timeoutMs",
+        ),
+        ("limits", json!({"fuel": 0}), "manifest.limits.fuel"),
+        ("limits", json!({"memoryMb": 0}), "manifest.limits.memoryMb"),
+        (
+            "limits",
+            json!({"memoryMb": 4096}),
+            "manifest.limits.memoryMb",
+        ),
+        (
+            "limits",
+            json!({"maxConcurrentCalls": 0}),
+            "manifest.limits.maxConcurrentCalls",
+        ),
+        (
+            "capabilities",
+            json!([{"kind": "builtin", "id": "examples.echo"}, {"kind": "builtin", "id": "examples.echo"}]),
+            "manifest.capabilities[1].id",
+        ),
+    ] {
+        let mut bad = manifest();
+        bad[field] = value;
+        let (status, body) = h
+            .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(bad)))
+            .await;
+        assert_error(status, &body, 400, "invalid_request");
+        assert!(
+            body["message"].as_str().unwrap_or("").contains(named),
+            "{named}: {body}"
+        );
+    }
+    let mut good = manifest();
+    good["limits"] = json!({"timeoutMs": 1, "fuel": 1, "memoryMb": 1024, "maxConcurrentCalls": 1});
+    let (status, body) = h
+        .call("PUT", "/v1/agents/helper", Some(OPERATOR), Some(put(good)))
+        .await;
+    assert_eq!(status, 200, "{body}");
     // MCP server declarations are checked too, each error naming the field.
     for (servers, named) in [
         (
@@ -307,7 +358,7 @@ async fn sessions_are_idempotent_on_their_creation_parameters() {
         first,
         json!({"id": "s1", "tenantId": "default", "agentId": "helper", "ownerUserId": "u1", "manifestHash": hash,
             "implementationVersion": "1", "status": "idle", "activeTurnId": null, "waits": null,
-            "error": null, "actions": [], "uncertainEffects": []})
+            "error": null, "actions": [], "uncertainEffects": [], "lastDecision": null})
     );
     let again = h
         .ok(

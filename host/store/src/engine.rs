@@ -1348,7 +1348,8 @@ macro_rules! session_columns {
 }
 macro_rules! agent_columns {
     () => {
-        "agent_id, manifest, manifest_hash, implementation_version, created_at, updated_at"
+        "agent_id, manifest, manifest_hash, implementation_version, created_at, updated_at, \
+         owner_tenant, shared_with"
     };
 }
 macro_rules! event_columns {
@@ -1495,6 +1496,9 @@ pub(crate) fn decode_agent(row: &impl Row) -> Result<AgentDefinition, StoreError
         implementation_version: row.text(3)?,
         created_at: d.time(4)?,
         updated_at: d.time(5)?,
+        owner_tenant: row.opt_text(6)?,
+        shared_with: serde_json::from_value(d.json(7, "shared_with")?)
+            .map_err(|error| d.corrupt(format!("shared_with: {error}")))?,
     })
 }
 

@@ -283,6 +283,7 @@ pub(crate) async fn run_command<T: Tx>(
         kind,
     } = command;
     let mut turn_id = session.active_turn_id.clone();
+    let last_decision = last_decision(&kind, decided_by.as_deref());
     let plan = match kind {
         CommandKind::Message {
             turn_id: new_turn,
@@ -335,7 +336,10 @@ pub(crate) async fn run_command<T: Tx>(
                 .await?
                 .filter(|action| action.session_id == session.id)
                 .ok_or_else(|| StoreError::not_found(Entity::Action, &action_id))?;
-            if scope.as_ref().is_some_and(|scope| !scope.covers(&action)) {
+            if scope
+                .as_ref()
+                .is_some_and(|scope| !scope.covers(&action, &session.tenant_id))
+            {
                 return Err(StoreError::Forbidden {
                     reason: "the action is outside the executor token's scope".to_owned(),
                 });
@@ -376,6 +380,12 @@ pub(crate) async fn run_command<T: Tx>(
             "a replay was planned outside an action result",
         ));
     };
+    if let Some(decision) = last_decision {
+        let state = commit.patch.state.take().unwrap_or(session.state.clone());
+        let mut object = state.as_object().cloned().unwrap_or_default();
+        object.insert("lastDecision".to_owned(), decision);
+        commit.patch.state = Some(Value::Object(object));
+    }
     let response = json!({
         "status": "accepted",
         "turnId": turn_id,
@@ -414,6 +424,28 @@ pub(crate) async fn run_command<T: Tx>(
         response: record.response,
         replayed: false,
         effects_uncertain,
+    })
+}
+
+/// What the session view shows of the last decision taken on the session (approve, respond,
+/// cancel, resolve) and which token took it, kept in the session's state.
+fn last_decision(kind: &CommandKind, decided_by: Option<&str>) -> Option<Value> {
+    let by = decided_by?;
+    Some(match kind {
+        CommandKind::Approve {
+            interaction_id,
+            approved,
+            ..
+        } => json!({"command": "approve", "interactionId": interaction_id,
+            "approved": approved, "decidedBy": by}),
+        CommandKind::Respond { interaction_id, .. } => {
+            json!({"command": "respond", "interactionId": interaction_id, "decidedBy": by})
+        }
+        CommandKind::Cancel { .. } => json!({"command": "cancel", "decidedBy": by}),
+        CommandKind::Resolve { effect_id, .. } => {
+            json!({"command": "resolve", "effectId": effect_id, "decidedBy": by})
+        }
+        CommandKind::Message { .. } | CommandKind::ActionResult { .. } => return None,
     })
 }
 

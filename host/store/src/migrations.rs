@@ -22,10 +22,12 @@ macro_rules! migrations {
 }
 
 /// Migrations of the embedded store.
-pub(crate) const SQLITE: &[Migration] = migrations!("sqlite": 1 => "0001_initial.sql");
+pub(crate) const SQLITE: &[Migration] =
+    migrations!("sqlite": 1 => "0001_initial.sql", 2 => "0002_agent_access.sql");
 
 /// Migrations of PostgreSQL.
-pub(crate) const POSTGRES: &[Migration] = migrations!("postgres": 1 => "0001_initial.sql");
+pub(crate) const POSTGRES: &[Migration] =
+    migrations!("postgres": 1 => "0001_initial.sql", 2 => "0002_agent_access.sql");
 
 /// The newest version in `migrations`.
 pub(crate) fn latest(migrations: &[Migration]) -> u32 {

@@ -188,6 +188,21 @@ pub struct AgentDefinition {
     pub created_at: Timestamp,
     /// When the definition last changed.
     pub updated_at: Timestamp,
+    /// The tenant that owns the agent; `None`: the operator's.
+    pub owner_tenant: Option<String>,
+    /// The tenants an operator's agent is shared with (`"*"`: every tenant).
+    pub shared_with: Vec<String>,
+}
+
+impl AgentDefinition {
+    /// Whether `tenant` may see and use the agent: its owner, or a tenant an operator's agent
+    /// is shared with.
+    pub fn visible_to(&self, tenant: &str) -> bool {
+        match &self.owner_tenant {
+            Some(owner) => owner == tenant,
+            None => self.shared_with.iter().any(|t| t == "*" || t == tenant),
+        }
+    }
 }
 
 /// An agent definition to register or replace.
@@ -202,6 +217,10 @@ pub struct NewAgent {
     pub manifest_hash: String,
     /// Version of the implementation serving this agent.
     pub implementation_version: String,
+    /// The tenant that owns the agent; `None`: the operator's.
+    pub owner_tenant: Option<String>,
+    /// The tenants an operator's agent is shared with (`"*"`: every tenant).
+    pub shared_with: Vec<String>,
 }
 
 impl NewAgent {
@@ -217,7 +236,17 @@ impl NewAgent {
             manifest,
             manifest_hash: manifest_hash.into(),
             implementation_version: implementation_version.into(),
+            owner_tenant: None,
+            shared_with: Vec::new(),
         }
+    }
+
+    /// The same definition, owned by `tenant` (`None`: the operator's) and, for an operator's
+    /// agent, shared with `shared_with`.
+    pub fn with_access(mut self, owner_tenant: Option<String>, shared_with: Vec<String>) -> Self {
+        self.owner_tenant = owner_tenant;
+        self.shared_with = shared_with;
+        self
     }
 }
 
@@ -845,14 +874,29 @@ pub struct ExecutorScope {
     pub manifest_hash: String,
     /// The implementation version.
     pub implementation_version: String,
+    /// The one tenant whose sessions' actions the executor may see; `None`: every tenant's.
+    pub tenant: Option<String>,
 }
 
 impl ExecutorScope {
-    /// Whether an executor with this scope may claim and complete `action`.
-    pub fn covers(&self, action: &Action) -> bool {
+    /// Whether an executor with this scope may claim and complete `action`, an action of a
+    /// session of `tenant`.
+    pub fn covers(&self, action: &Action, tenant: &str) -> bool {
         action.agent_id == self.agent_id
             && action.manifest_hash == self.manifest_hash
             && action.implementation_version == self.implementation_version
+            && self.covers_tenant(tenant)
+    }
+
+    /// Whether the scope covers sessions of `tenant`.
+    pub fn covers_tenant(&self, tenant: &str) -> bool {
+        self.tenant.as_deref().is_none_or(|own| own == tenant)
+    }
+
+    /// The same scope, limited to the sessions of `tenant`.
+    pub fn for_tenant(mut self, tenant: Option<String>) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// A scope.
@@ -865,6 +909,7 @@ impl ExecutorScope {
             agent_id: agent_id.into(),
             manifest_hash: manifest_hash.into(),
             implementation_version: implementation_version.into(),
+            tenant: None,
         }
     }
 }

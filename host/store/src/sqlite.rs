@@ -550,7 +550,9 @@ impl Tx for SqliteTx<'_> {
             concat!(
                 "INSERT INTO corral_agents (",
                 agent_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, ?5, ?5) ON CONFLICT (agent_id) DO UPDATE SET \
+                ") VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7) \
+                 ON CONFLICT (agent_id) DO UPDATE SET owner_tenant = excluded.owner_tenant, \
+                 shared_with = excluded.shared_with, \
                  manifest = excluded.manifest, manifest_hash = excluded.manifest_hash, \
                  implementation_version = excluded.implementation_version, \
                  updated_at = excluded.updated_at RETURNING ",
@@ -562,6 +564,8 @@ impl Tx for SqliteTx<'_> {
                 agent.manifest_hash,
                 agent.implementation_version,
                 now.as_unix_millis(),
+                agent.owner_tenant,
+                serde_json::to_string(&agent.shared_with).unwrap_or_else(|_| "[]".to_owned()),
             ],
             |row| engine::decode_agent(row),
         )?;

@@ -215,7 +215,7 @@ async fn an_agent_is_read_by_its_id() {
     assert_eq!(
         agent,
         json!({"agentId": "helper", "manifest": manifest(), "manifestHash": hash,
-            "implementationVersion": "1"})
+            "implementationVersion": "1", "tenantId": null, "sharedWith": null})
     );
     let (status, body) = h.call("GET", "/v1/agents/nope", Some(OPERATOR), None).await;
     assert_error(status, &body, 404, "not_found");

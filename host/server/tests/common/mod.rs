@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use corral_server::config::Grants;
 use corral_server::manifest::manifest_hash;
 use corral_server::script::ScriptRunner;
 use corral_server::{Config, Server, StoreLocation, TokenConfig, TurnJob, TurnOutcome, TurnRunner};
@@ -21,6 +22,10 @@ pub const ACME: &str = "acme-tenant-token-000001";
 pub const BETA: &str = "beta-tenant-token-000001";
 pub const EXECUTOR: &str = "executor-token-helper-0001";
 pub const OTHER_EXECUTOR: &str = "executor-token-other-00001";
+/// A tenant token granted `canRegisterAgents` and `canResolve`, named `gamma-admin`.
+pub const GAMMA: &str = "gamma-tenant-token-00001";
+/// An executor token for `helper` limited to tenant `acme`'s sessions.
+pub const ACME_EXECUTOR: &str = "executor-token-acme-000001";
 
 pub fn manifest() -> Value {
     json!({
@@ -115,6 +120,13 @@ impl Harness {
                 TokenConfig::executor(
                     OTHER_EXECUTOR,
                     ExecutorScope::new("other", "sha256:00", "1"),
+                ),
+                TokenConfig::application(GAMMA, Some("gamma".to_owned()))
+                    .named("gamma-admin")
+                    .granted(Grants::ALL),
+                TokenConfig::executor(
+                    ACME_EXECUTOR,
+                    ExecutorScope::new("helper", &hash, "1").for_tenant(Some("acme".to_owned())),
                 ),
             ],
         )
@@ -216,7 +228,8 @@ impl Harness {
                 "PUT",
                 "/v1/agents/helper",
                 OPERATOR,
-                Some(json!({"manifest": manifest(), "implementationVersion": "1"})),
+                Some(json!({"manifest": manifest(), "implementationVersion": "1",
+                    "sharedWith": ["*"]})),
             )
             .await;
         put["manifestHash"].as_str().expect("hash").to_owned()
