@@ -356,4 +356,25 @@ impl<B: Backend> Store for B {
             limit
         ))
     }
+
+    async fn session_counts(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let filter = filter.clone();
+        let counts = run!(self, "session_counts", false, |tx| engine::session_counts(
+            tx, &filter
+        ))?;
+        Ok(counts
+            .into_iter()
+            .map(|(status, n)| (status, u64::try_from(n).unwrap_or(0)))
+            .collect())
+    }
+
+    async fn erase_session(&self, id: &str, cancel: bool) -> Result<Session, StoreError> {
+        let id = id.to_owned();
+        run!(self, "erase_session", true, |tx| engine::erase_session(
+            tx, &id, cancel
+        ))
+    }
 }

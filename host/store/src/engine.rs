@@ -181,6 +181,12 @@ pub(crate) trait Tx: Send {
     ) -> impl Future<Output = Result<(u64, u64), StoreError>> + Send;
     /// Deletes a locked session with everything that cascades from it.
     fn delete_session(&mut self, id: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// How many sessions matching `filter` (its statuses ignored) are in each status.
+    fn session_counts(
+        &mut self,
+        filter: &SessionFilter,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, StoreError>> + Send;
     fn prune_checkpoints(
         &mut self,
         cutoff: Timestamp,
@@ -475,6 +481,33 @@ pub(crate) async fn create_session<T: Tx>(
 
 pub(crate) async fn get_session<T: Tx>(tx: &mut T, id: &str) -> Result<Session, StoreError> {
     existing_session(tx, id).await
+}
+
+pub(crate) async fn session_counts<T: Tx>(
+    tx: &mut T,
+    filter: &SessionFilter,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    tx.session_counts(filter).await
+}
+
+/// Erases session `id` and everything stored for it (events, items, checkpoints, effects,
+/// actions, commands). A session whose turn is in progress is a conflict unless `cancel`:
+/// then it is erased all the same (its runner's next fenced write fails, and it stops).
+pub(crate) async fn erase_session<T: Tx>(
+    tx: &mut T,
+    id: &str,
+    cancel: bool,
+) -> Result<Session, StoreError> {
+    let session = locked_session(tx, id).await?;
+    if !cancel && !settled(session.status) {
+        return Err(StoreError::conflict(
+            Entity::Session,
+            id,
+            "a turn is in progress: cancel it first, or erase with cancel",
+        ));
+    }
+    tx.delete_session(id).await?;
+    Ok(session)
 }
 
 pub(crate) async fn list_sessions<T: Tx>(

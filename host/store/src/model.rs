@@ -364,6 +364,8 @@ pub struct SessionFilter {
     pub agent_id: Option<String>,
     /// Only sessions in one of these statuses (all statuses when empty).
     pub statuses: Vec<SessionStatus>,
+    /// Only sessions of this owner.
+    pub owner_user_id: Option<String>,
 }
 
 /// Changes to a session row made by a [`SessionCommit`].

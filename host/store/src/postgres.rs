@@ -1109,7 +1109,28 @@ impl Tx for PgTx<'_> {
         Ok(sessions
             .into_iter()
             .filter(|s| filter.statuses.is_empty() || filter.statuses.contains(&s.status))
+            .filter(|s| {
+                filter
+                    .owner_user_id
+                    .as_ref()
+                    .is_none_or(|o| *o == s.owner_user_id)
+            })
             .collect())
+    }
+
+    async fn session_counts(
+        &mut self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        self.query_all(
+            "count sessions",
+            "SELECT status, COUNT(*) FROM corral_sessions WHERE ($1::text IS NULL OR tenant_id = $1) \
+             AND ($2::text IS NULL OR agent_id = $2) AND ($3::text IS NULL OR owner_user_id = $3) \
+             GROUP BY status ORDER BY status",
+            &[&filter.tenant_id, &filter.agent_id, &filter.owner_user_id],
+            |row| Ok((row.text(0)?, row.int(1)?)),
+        )
+        .await
     }
 
     async fn next_claimable_session(
@@ -1524,7 +1545,7 @@ impl Tx for PgTx<'_> {
                 " FROM corral_sessions WHERE id > $1 AND ($2::text IS NULL OR tenant_id = $2) \
                  AND ($3::text IS NULL OR agent_id = $3) \
                  AND ($4 = '' OR status = ANY(string_to_array($4, ','))) \
-                 ORDER BY id LIMIT $5"
+                 AND ($6::text IS NULL OR owner_user_id = $6) ORDER BY id LIMIT $5"
             ),
             &[
                 &after,
@@ -1532,6 +1553,7 @@ impl Tx for PgTx<'_> {
                 &filter.agent_id,
                 &statuses,
                 &limit,
+                &filter.owner_user_id,
             ],
             engine::decode_session,
         )

@@ -519,7 +519,27 @@ impl Tx for SqliteTx<'_> {
         Ok(sessions
             .into_iter()
             .filter(|s| filter.statuses.is_empty() || filter.statuses.contains(&s.status))
+            .filter(|s| {
+                filter
+                    .owner_user_id
+                    .as_ref()
+                    .is_none_or(|o| *o == s.owner_user_id)
+            })
             .collect())
+    }
+
+    async fn session_counts(
+        &mut self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        self.query_all(
+            "count sessions",
+            "SELECT status, COUNT(*) FROM corral_sessions WHERE (?1 IS NULL OR tenant_id = ?1) \
+             AND (?2 IS NULL OR agent_id = ?2) AND (?3 IS NULL OR owner_user_id = ?3) \
+             GROUP BY status ORDER BY status",
+            params![filter.tenant_id, filter.agent_id, filter.owner_user_id],
+            |row| Ok((row.text(0)?, row.int(1)?)),
+        )
     }
 
     async fn next_claimable_session(
@@ -915,9 +935,16 @@ impl Tx for SqliteTx<'_> {
                 " FROM corral_sessions WHERE id > ?1 AND (?2 IS NULL OR tenant_id = ?2) \
                  AND (?3 IS NULL OR agent_id = ?3) \
                  AND (?4 = '' OR instr(',' || ?4 || ',', ',' || status || ',') > 0) \
-                 ORDER BY id LIMIT ?5"
+                 AND (?6 IS NULL OR owner_user_id = ?6) ORDER BY id LIMIT ?5"
             ),
-            params![after, filter.tenant_id, filter.agent_id, statuses, limit],
+            params![
+                after,
+                filter.tenant_id,
+                filter.agent_id,
+                statuses,
+                limit,
+                filter.owner_user_id
+            ],
             |row| engine::decode_session(row),
         )
     }

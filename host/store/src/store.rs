@@ -271,4 +271,16 @@ pub trait Store: Send + Sync + fmt::Debug {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Session>, StoreError>;
+
+    /// How many sessions matching `filter` (its statuses ignored) are in each status, by
+    /// status name.
+    async fn session_counts(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// Erases session `id` and everything stored for it, in one transaction; returns the row as
+    /// it was. A session that is not settled (a turn running, paused, waiting or uncertain) is a
+    /// [`StoreError::Conflict`] unless `cancel`.
+    async fn erase_session(&self, id: &str, cancel: bool) -> Result<Session, StoreError>;
 }

@@ -63,6 +63,8 @@ macro_rules! conformance {
 
 conformance!(
     agents_are_registered_replaced_and_listed,
+    agents_keep_their_owner_and_sharing,
+    sessions_are_counted_filtered_by_owner_and_erased_whole,
     sessions_are_created_idempotently,
     events_get_gap_free_cursors_and_page_from_any_cursor,
     items_page_in_order,
@@ -164,6 +166,81 @@ async fn agents_are_registered_replaced_and_listed(f: &Fixture) -> anyhow::Resul
             .await,
         StoreError::InvalidInput { .. }
     );
+    Ok(())
+}
+
+async fn agents_keep_their_owner_and_sharing(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    let shared = store
+        .put_agent(
+            NewAgent::new("ops", json!({}), "h1", "1")
+                .with_access(None, vec!["acme".to_owned(), "beta".to_owned()]),
+        )
+        .await?;
+    ensure!(shared.owner_tenant.is_none() && shared.shared_with == ["acme", "beta"]);
+    ensure!(shared.visible_to("acme") && !shared.visible_to("gamma"));
+    let owned = store
+        .put_agent(
+            NewAgent::new("mine", json!({}), "h2", "1")
+                .with_access(Some("gamma".to_owned()), vec![]),
+        )
+        .await?;
+    ensure!(owned.visible_to("gamma") && !owned.visible_to("acme"));
+    // Replacing rewrites the access as given; reading returns what was written.
+    store
+        .put_agent(
+            NewAgent::new("ops", json!({}), "h3", "1").with_access(None, vec!["*".to_owned()]),
+        )
+        .await?;
+    let read = store.get_agent("ops").await?;
+    ensure!(
+        read.shared_with == ["*"] && read.visible_to("anyone"),
+        "{read:?}"
+    );
+    ensure!(store.get_agent("mine").await?.owner_tenant.as_deref() == Some("gamma"));
+    Ok(())
+}
+
+async fn sessions_are_counted_filtered_by_owner_and_erased_whole(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    for id in ["s1", "s2", "s3"] {
+        session(store, id).await?;
+    }
+    set_turn(store, "s2", SessionStatus::Running, Some("t1")).await?;
+    let mut filter = SessionFilter::default();
+    filter.tenant_id = Some("acme".to_owned());
+    let counts = store.session_counts(&filter).await?;
+    ensure!(
+        counts == [("idle".to_owned(), 2), ("running".to_owned(), 1)],
+        "{counts:?}"
+    );
+    filter.owner_user_id = Some("nobody".to_owned());
+    ensure!(store.session_counts(&filter).await?.is_empty());
+    ensure!(store.page_sessions(&filter, None, 10).await?.is_empty());
+    filter.owner_user_id = Some("alice".to_owned());
+    ensure!(store.page_sessions(&filter, None, 10).await?.len() == 3);
+    // A running session is erased only when asked to cancel; everything of it goes.
+    expect_err!(
+        store.erase_session("s2", false).await,
+        StoreError::Conflict { .. }
+    );
+    store.erase_session("s1", false).await?;
+    store.erase_session("s2", true).await?;
+    expect_err!(store.get_session("s1").await, StoreError::NotFound { .. });
+    expect_err!(store.get_session("s2").await, StoreError::NotFound { .. });
+    ensure!(
+        store
+            .list_events("s2", 0, 10)
+            .await
+            .map_or(true, |events| events.is_empty())
+    );
+    expect_err!(
+        store.erase_session("s1", false).await,
+        StoreError::NotFound { .. }
+    );
+    ensure!(store.get_session("s3").await.is_ok());
     Ok(())
 }
 
@@ -1948,7 +2025,9 @@ async fn a_cancel_fences_the_turn_in_one_transaction(f: &Fixture) -> anyhow::Res
     let s = store.get_session("s1").await?;
     ensure!(s.status == SessionStatus::Cancelled && s.active_turn_id.is_none());
     ensure!(
-        s.state == json!({"plan": "t1", "server": {"waits": null, "error": null}}),
+        s.state
+            == json!({"plan": "t1", "server": {"waits": null, "error": null},
+                "lastDecision": {"command": "cancel", "decidedBy": "ops"}}),
         "state {}",
         s.state
     );
