@@ -9,6 +9,14 @@
 //! Response: HTTP 200 with `{"ok": true, "output": <any JSON>}` or
 //! `{"ok": false, "error": "<message>"}`. Any other status, a body over
 //! [`MAX_RESPONSE_BYTES`], or a body of another shape fails the call with a `CapabilityError`.
+//!
+//! # Signatures
+//!
+//! A backend given a secret ([`WebhookBackend::signed`]) signs every request as the major
+//! webhook senders do: the header `Corral-Signature: t=<unix seconds>,v1=<hex>` where `<hex>` is
+//! HMAC-SHA256, keyed with the secret, of `<t>.<body>` (the exact bytes sent). A receiver
+//! recomputes it over the raw body, compares in constant time, and refuses a timestamp outside
+//! its replay window ([`verify_signature`] does all three; five minutes is usual).
 
 use corral_sandbox::{Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult};
 use serde::{Deserialize, Serialize};
@@ -22,11 +30,107 @@ pub const MAX_RESPONSE_BYTES: usize = 8 << 20;
 #[error("{0}")]
 pub struct InvalidWebhookUrl(pub String);
 
+/// The header carrying a request's signature.
+pub const SIGNATURE_HEADER: &str = "Corral-Signature";
+
 /// Calls capabilities by POSTing them to one URL.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct WebhookBackend {
     client: reqwest::Client,
     url: reqwest::Url,
+    secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for WebhookBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookBackend")
+            .field("url", &self.url.as_str())
+            .field("signed", &self.secret.is_some())
+            .finish()
+    }
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+fn mac(secret: &[u8], timestamp: u64, body: &[u8]) -> HmacSha256 {
+    use hmac::Mac;
+    // HMAC takes a key of any length.
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC accepts any key length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac
+}
+
+/// The `Corral-Signature` value of `body` sent at `timestamp` (unix seconds) under `secret`.
+pub fn signature(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
+    use hmac::Mac;
+    let digest = mac(secret, timestamp, body).finalize().into_bytes();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("t={timestamp},v1={hex}")
+}
+
+/// Why a webhook request's signature was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SignatureError {
+    /// The header is not `t=<seconds>,v1=<hex>`.
+    #[error("the signature header is malformed")]
+    Malformed,
+    /// The timestamp is outside the replay window.
+    #[error("the signature's timestamp is outside the replay window")]
+    Stale,
+    /// No `v1` signature matches the body.
+    #[error("the signature does not match the body")]
+    Mismatch,
+}
+
+/// Checks a `Corral-Signature` header against the raw `body` received at `now` (unix seconds):
+/// its timestamp within `window_secs` of `now`, and one of its `v1` values (several may be sent
+/// while a secret is rotated) equal, in constant time, to the HMAC of `<t>.<body>`.
+pub fn verify_signature(
+    secret: &[u8],
+    header: &str,
+    body: &[u8],
+    now: u64,
+    window_secs: u64,
+) -> Result<(), SignatureError> {
+    use hmac::Mac;
+    let mut timestamp = None;
+    let mut candidates = Vec::new();
+    for part in header.split(',') {
+        match part.trim().split_once('=') {
+            Some(("t", value)) => timestamp = value.parse::<u64>().ok(),
+            Some(("v1", value)) => candidates.push(value),
+            _ => {}
+        }
+    }
+    let timestamp = timestamp.ok_or(SignatureError::Malformed)?;
+    if candidates.is_empty() {
+        return Err(SignatureError::Malformed);
+    }
+    if now.abs_diff(timestamp) > window_secs {
+        return Err(SignatureError::Stale);
+    }
+    for candidate in candidates {
+        let Some(bytes) = decode_hex(candidate) else {
+            continue;
+        };
+        if mac(secret, timestamp, body).verify_slice(&bytes).is_ok() {
+            return Ok(());
+        }
+    }
+    Err(SignatureError::Mismatch)
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -60,7 +164,14 @@ impl WebhookBackend {
         Ok(WebhookBackend {
             client: reqwest::Client::new(),
             url,
+            secret: None,
         })
+    }
+
+    /// The same backend, signing every request with `secret` (see the module's docs).
+    pub fn signed(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
     }
 }
 
@@ -81,10 +192,20 @@ impl Backend for WebhookBackend {
             input: &invocation.input,
             context,
         };
-        let mut response = self
+        let body = serde_json::to_vec(&request)
+            .map_err(|e| failed(format!("the request could not be encoded: {e}")))?;
+        let mut post = self
             .client
             .post(self.url.clone())
-            .json(&request)
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(secret) = &self.secret {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            post = post.header(SIGNATURE_HEADER, signature(secret, now, &body));
+        }
+        let mut response = post
+            .body(body)
             .send()
             .await
             .map_err(|e| failed(format!("the backend could not be reached: {e}")))?;
@@ -161,5 +282,45 @@ impl Backend for RoutingBackend {
                 capability_id: invocation.capability_id,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod signature_tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_verifies_only_its_body_secret_and_window() {
+        let header = signature(b"s3cret", 1_000, b"{\"a\":1}");
+        assert!(header.starts_with("t=1000,v1="));
+        assert_eq!(
+            verify_signature(b"s3cret", &header, b"{\"a\":1}", 1_100, 300),
+            Ok(())
+        );
+        assert_eq!(
+            verify_signature(b"s3cret", &header, b"{\"a\":2}", 1_100, 300),
+            Err(SignatureError::Mismatch)
+        );
+        assert_eq!(
+            verify_signature(b"other", &header, b"{\"a\":1}", 1_100, 300),
+            Err(SignatureError::Mismatch)
+        );
+        assert_eq!(
+            verify_signature(b"s3cret", &header, b"{\"a\":1}", 1_301, 300),
+            Err(SignatureError::Stale)
+        );
+        for bad in ["", "t=1000", "v1=00", "t=x,v1=00"] {
+            assert_eq!(
+                verify_signature(b"s3cret", bad, b"", 1_000, 300),
+                Err(SignatureError::Malformed),
+                "{bad}"
+            );
+        }
+        // A rotation sends two signatures; either matching is enough.
+        let rotated = format!("{header},v1={}", "ab".repeat(32));
+        assert_eq!(
+            verify_signature(b"s3cret", &rotated, b"{\"a\":1}", 1_000, 300),
+            Ok(())
+        );
     }
 }

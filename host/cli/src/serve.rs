@@ -87,17 +87,17 @@ pub fn run(args: ServeArgs) -> ExitCode {
 /// logged to `$CORRAL_SCRIPT_EFFECT_LOG`), which the server's own crash loop uses to test the
 /// server's invariants apart from the chat runtime.
 /// Agents' MCP servers live in `hub` (stopped after the server's graceful shutdown).
-fn runner(_config: &Config, hub: &McpHub) -> anyhow::Result<Arc<dyn TurnRunner>> {
+fn runner(config: &Config, hub: &McpHub) -> anyhow::Result<Arc<dyn TurnRunner>> {
     if std::env::var("CORRAL_TURN_ENGINE").as_deref() == Ok("script") {
         let log = std::env::var_os("CORRAL_SCRIPT_EFFECT_LOG").map(PathBuf::from);
         return Ok(Arc::new(ScriptRunner::new(log)));
     }
     let sandbox = corral_sandbox::Sandbox::new(corral_sandbox::SandboxConfig::default())
         .context("loading the sandbox")?;
-    Ok(Arc::new(corral_server::ChatTurnRunner::with_mcp(
-        sandbox,
-        hub.clone(),
-    )))
+    Ok(Arc::new(
+        corral_server::ChatTurnRunner::with_mcp(sandbox, hub.clone())
+            .with_webhook_secret(config.webhook_secret.clone()),
+    ))
 }
 
 async fn open_store(location: &StoreLocation) -> anyhow::Result<Arc<dyn Store>> {

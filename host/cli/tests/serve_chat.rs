@@ -373,7 +373,12 @@ async fn a_paused_turn_survives_sigkill_and_resumes_without_running_a_call_twice
     drop(server);
 }
 
-/// A webhook that records the whole request of every call (its `context` is the attribution).
+/// The secret the attribution test's server signs webhook calls with.
+const WEBHOOK_SECRET: &str = "webhook-signing-secret-01";
+
+/// A webhook that records the whole request of every call (its `context` is the attribution),
+/// with `"signature"`: whether its `Corral-Signature` verifies under [`WEBHOOK_SECRET`]
+/// (`valid`, `invalid` or `absent`).
 fn recording_webhook(seen: Arc<Mutex<Vec<Value>>>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}/", listener.local_addr().expect("addr"));
@@ -382,9 +387,32 @@ fn recording_webhook(seen: Arc<Mutex<Vec<Value>>>) -> String {
             let Ok(mut stream) = stream else { return };
             let seen = Arc::clone(&seen);
             std::thread::spawn(move || {
-                let Some(request) = common::read_json_request(&mut stream) else {
+                let Some((head, body)) = common::read_request(&mut stream) else {
                     return;
                 };
+                let Ok(mut request) = serde_json::from_slice::<Value>(&body) else {
+                    return;
+                };
+                let signature = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("corral-signature:"))
+                    .map(str::trim);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                request["signature"] = json!(match signature {
+                    None => "absent",
+                    Some(header) => match corral_chat::backends::verify_signature(
+                        WEBHOOK_SECRET.as_bytes(),
+                        header,
+                        &body,
+                        now,
+                        300,
+                    ) {
+                        Ok(()) => "valid",
+                        Err(_) => "invalid",
+                    },
+                });
                 if let Ok(mut seen) = seen.lock() {
                     seen.push(request);
                 }
@@ -406,7 +434,7 @@ async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\n\
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\nwebhookSecret = \"{WEBHOOK_SECRET}\"\n\
              [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
              [[tokens]]\ntoken = \"{ACME}\"\nrole = \"application\"\ntenant = \"acme\"\n\
              [[tokens]]\ntoken = \"{GLOBEX}\"\nrole = \"application\"\ntenant = \"globex\"\n",
@@ -433,7 +461,8 @@ async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect
         &base,
         reqwest::Method::PUT,
         "/v1/agents/attr",
-        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+        Some(json!({"manifest": manifest, "implementationVersion": "1",
+            "sharedWith": ["acme", "globex"]})),
     )
     .await;
     let mut turns = Vec::new();
@@ -494,6 +523,8 @@ async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect
         );
         // The script's argument reached the backend as data only.
         assert_eq!(call["input"][0]["tenant_id"], "evil");
+        // Signed with the server's secret, over the exact body sent.
+        assert_eq!(call["signature"], "valid", "{call}");
     }
     drop(server);
 }

@@ -39,6 +39,7 @@ use crate::tenancy::public_id;
 pub struct ChatTurnRunner {
     sandbox: Sandbox,
     mcp: McpHub,
+    webhook_secret: Option<Arc<str>>,
 }
 
 impl ChatTurnRunner {
@@ -53,7 +54,18 @@ impl ChatTurnRunner {
 
     /// A runner whose agents' MCP servers live in `hub`.
     pub fn with_mcp(sandbox: Sandbox, hub: McpHub) -> Self {
-        ChatTurnRunner { sandbox, mcp: hub }
+        ChatTurnRunner {
+            sandbox,
+            mcp: hub,
+            webhook_secret: None,
+        }
+    }
+
+    /// The same runner, signing webhook calls with `secret` (the server's `webhookSecret`)
+    /// unless a capability names its own.
+    pub fn with_webhook_secret(mut self, secret: Option<String>) -> Self {
+        self.webhook_secret = secret.map(Arc::from);
+        self
     }
 
     /// Stops the MCP servers (at the server's shutdown).
@@ -133,8 +145,13 @@ fn failed(code: &str, message: impl Into<String>) -> TurnOutcome {
 }
 
 /// The catalog, backend and action capabilities an agent's manifest declares.
+///
+/// Webhook requests are signed (see [`corral_chat::backends`]) with the capability's own
+/// secret (`"webhookSecretRef": "NAME"`, read from `CORRAL_SECRET_NAME`) or else the server's
+/// `webhook_secret`; a reference to a secret the environment does not hold is an error.
 pub fn manifest_capabilities(
     manifest: &Manifest,
+    webhook_secret: Option<&str>,
 ) -> Result<(Catalog, RoutingBackend, Vec<String>), String> {
     let examples = example_catalog();
     let mut definitions = Vec::new();
@@ -151,6 +168,7 @@ pub fn manifest_capabilities(
             .and_then(|k| k.as_str().map(str::to_string))
             .unwrap_or_default();
         let webhook = definition.remove("webhookUrl");
+        let secret_ref = definition.remove("webhookSecretRef");
         let id = definition
             .get("id")
             .and_then(Value::as_str)
@@ -180,7 +198,20 @@ pub fn manifest_capabilities(
                 let url = webhook
                     .and_then(|u| u.as_str().map(str::to_string))
                     .unwrap_or_default();
-                let webhook = WebhookBackend::new(&url).map_err(|e| format!("{id}: {e}"))?;
+                let mut webhook = WebhookBackend::new(&url).map_err(|e| format!("{id}: {e}"))?;
+                let secret = match secret_ref.as_ref().and_then(Value::as_str) {
+                    Some(name) => {
+                        Some(std::env::var(format!("CORRAL_SECRET_{name}")).map_err(|_| {
+                            format!(
+                                "{id}: webhookSecretRef {name:?}: CORRAL_SECRET_{name} is not set"
+                            )
+                        })?)
+                    }
+                    None => webhook_secret.map(str::to_owned),
+                };
+                if let Some(secret) = secret {
+                    webhook = webhook.signed(secret);
+                }
                 backend.route(id.clone(), Arc::new(webhook));
             }
             "action" => actions.push(id.clone()),
@@ -253,7 +284,7 @@ fn script_user(session: &corral_store::Session) -> ScriptUser {
 impl TurnRunner for ChatTurnRunner {
     async fn check(&self, manifest: &Manifest, start_mcp: bool) -> Result<(), String> {
         model_for(&manifest.model).map_err(|error| format!("manifest.model: {error}"))?;
-        let (catalog, backend, _) = manifest_capabilities(manifest)
+        let (catalog, backend, _) = manifest_capabilities(manifest, self.webhook_secret.as_deref())
             .map_err(|error| format!("manifest.capabilities: {error}"))?;
         if start_mcp && !manifest.mcp_servers.is_empty() {
             let bound = self
@@ -277,10 +308,11 @@ impl TurnRunner for ChatTurnRunner {
             Ok(manifest) => manifest,
             Err(error) => return failed("invalid_manifest", error.to_string()),
         };
-        let (catalog, backend, actions) = match manifest_capabilities(&manifest) {
-            Ok(parts) => parts,
-            Err(error) => return failed("invalid_manifest", error),
-        };
+        let (catalog, backend, actions) =
+            match manifest_capabilities(&manifest, self.webhook_secret.as_deref()) {
+                Ok(parts) => parts,
+                Err(error) => return failed("invalid_manifest", error),
+            };
         let model = match model_for(&manifest.model) {
             Ok(model) => model,
             Err(error) => return failed("model_error", error),

@@ -35,6 +35,9 @@ pub struct Config {
     pub sse_send_timeout: Duration,
     /// What the background retention pass removes (`[retention]`).
     pub retention: Retention,
+    /// The secret webhook calls are signed with (`webhookSecret`, at least 16 characters;
+    /// `None`: unsigned unless a capability names its own `webhookSecretRef`).
+    pub webhook_secret: Option<String>,
 }
 
 /// The `[retention]` table: when sessions close and expire, what history and records are
@@ -229,6 +232,7 @@ struct RawConfig {
     sse_send_timeout_ms: Option<u64>,
     #[serde(default)]
     retention: RawRetention,
+    webhook_secret: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -322,6 +326,15 @@ impl Config {
                 Config::DEFAULT_SEND_TIMEOUT,
             )?,
             retention: raw.retention.validate()?,
+            webhook_secret: match raw.webhook_secret {
+                Some(secret) if secret.chars().count() < MIN_TOKEN_CHARS => {
+                    return Err(field(
+                        "webhookSecret",
+                        format!("must be at least {MIN_TOKEN_CHARS} characters"),
+                    ));
+                }
+                secret => secret,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -343,6 +356,7 @@ impl Config {
             sse_keep_alive: Config::DEFAULT_KEEP_ALIVE,
             sse_send_timeout: Config::DEFAULT_SEND_TIMEOUT,
             retention: Retention::default(),
+            webhook_secret: None,
         };
         config.validate()?;
         Ok(config)

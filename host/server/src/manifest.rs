@@ -246,6 +246,22 @@ impl Manifest {
                 })?,
             };
             let webhook = definition.remove("webhookUrl");
+            match (kind, definition.remove("webhookSecretRef")) {
+                (_, None) => {}
+                (CapabilityKind::Webhook, Some(Value::String(name)))
+                    if !name.is_empty()
+                        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {}
+                (CapabilityKind::Webhook, Some(_)) => {
+                    return Err(ManifestError(format!(
+                        "{at}.webhookSecretRef must name a secret (letters, digits, _) read from CORRAL_SECRET_NAME"
+                    )));
+                }
+                (_, Some(_)) => {
+                    return Err(ManifestError(format!(
+                        "{at}.webhookSecretRef is only for webhook capabilities"
+                    )));
+                }
+            }
             match (kind, &webhook) {
                 (CapabilityKind::Webhook, Some(Value::String(url)))
                     if url.starts_with("http://") || url.starts_with("https://") => {}

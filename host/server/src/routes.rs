@@ -23,7 +23,7 @@ use crate::sse::{Hub, session_stream, work_stream};
 use crate::tenancy::tenant_of;
 use crate::wire::{
     Accepted, ActionList, AgentList, AgentPut, AgentView, ClaimRequest, ClaimResponse, Command,
-    EventsQuery, Health, HeartbeatRequest, HeartbeatResponse, ItemsPage, ItemsQuery,
+    EraseQuery, EventsQuery, Health, HeartbeatRequest, HeartbeatResponse, ItemsPage, ItemsQuery,
     MAX_SESSION_ID, NoQuery, PutAgent, PutSession, Ready, SessionList, SessionView, SessionsQuery,
     TenantQuery, rfc3339,
 };
@@ -49,7 +49,7 @@ pub(crate) fn table() -> OpenApiRouter<AppState> {
         .routes(routes!(list_agents))
         .routes(routes!(get_agent, put_agent))
         .routes(routes!(list_sessions))
-        .routes(routes!(get_session, put_session))
+        .routes(routes!(get_session, put_session, erase_session))
         .routes(routes!(post_command))
         .routes(routes!(get_items))
         .routes(routes!(get_events))
@@ -391,8 +391,9 @@ pub(crate) async fn put_agent(
 
 /// List sessions
 ///
-/// The sessions the token may see, by id: a tenant token its tenant's, an operator token every
-/// tenant's unless it names one.
+/// A page of the sessions the token may see: a tenant token its tenant's, an operator token
+/// every tenant's unless it names one; filtered by agent, owner and status, with counts by
+/// status (over the other filters). Keyset paging: pass `next` as `after`.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
     params(SessionsQuery),
     responses(
@@ -406,14 +407,12 @@ pub(crate) async fn list_sessions(
     AppCaller(tenant): AppCaller,
     Params(query): Params<SessionsQuery>,
 ) -> Result<Json<SessionList>, ApiError> {
-    let tenant = tenant.as_deref();
-    let asked = query.tenant_id.as_deref();
-    Ok(Json(SessionList {
-        sessions: state
+    Ok(Json(
+        state
             .runtime
-            .list_sessions(tenant, asked, query.agent_id)
+            .list_sessions(tenant.as_deref(), query)
             .await?,
-    }))
+    ))
 }
 
 /// Create a session
@@ -485,6 +484,41 @@ pub(crate) async fn get_session(
 ) -> Result<Json<SessionView>, ApiError> {
     let session = visible(&state, tenant, query.tenant_id.as_deref(), &id).await?;
     Ok(Json(state.runtime.view(session).await?))
+}
+
+/// Erase a session
+///
+/// Erases the session and everything stored for it: events, items, checkpoints, effects,
+/// actions and idempotency records (a user's data), as an operator or the owning tenant. A
+/// session whose turn is in progress (running, paused, waiting, uncertain) is 409 unless
+/// `cancel=true`. The erasure is logged (target `corral::operator`) with the token's name.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
+    params(("id" = String, Path, min_length = 1, max_length = 200, description = "The session id within its tenant (1 to 200 characters)"),
+        EraseQuery),
+    responses(
+        (status = 204, description = "Erased"),
+        (status = 400, description = "An unknown query parameter, an invalid tenantId or id", body = ErrorBody),
+        (status = 401, description = "No or unknown token", body = ErrorBody),
+        (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
+        (status = 404, description = "Unknown, or another tenant's", body = ErrorBody),
+        (status = 409, description = "A turn is in progress and cancel is not true", body = ErrorBody),
+        (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
+pub(crate) async fn erase_session(
+    State(state): State<AppState>,
+    AppToken(caller): AppToken,
+    SessionId(id): SessionId,
+    Params(query): Params<EraseQuery>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .runtime
+        .erase_session(
+            &caller,
+            query.tenant_id.as_deref(),
+            &id,
+            query.cancel.unwrap_or(false),
+        )
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Send a command

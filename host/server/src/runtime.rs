@@ -27,8 +27,8 @@ use crate::manifest::manifest_hash;
 use crate::metrics::Metrics;
 use crate::runner::TurnRunner;
 use crate::wire::{
-    ActionView, AgentPut, AgentView, Command, EventView, PutAgent, PutSession, SessionSummary,
-    SessionView, Status, UncertainEffect, rfc3339,
+    ActionView, AgentPut, AgentView, Command, EventView, PutAgent, PutSession, SessionList,
+    SessionSummary, SessionView, SessionsQuery, Status, UncertainEffect, rfc3339,
 };
 
 pub use crate::tenancy::DEFAULT_TENANT;
@@ -338,36 +338,106 @@ impl Runtime {
         self.view(created.session).await
     }
 
-    /// Sessions the tenant may see.
+    /// A page of the sessions the tenant may see that match `query`, with counts by status.
     pub async fn list_sessions(
         &self,
         tenant: Option<&str>,
-        asked: Option<&str>,
-        agent_id: Option<String>,
-    ) -> Result<Vec<SessionSummary>, ApiError> {
+        query: SessionsQuery,
+    ) -> Result<SessionList, ApiError> {
         let mut filter = SessionFilter::default();
         // An operator sees every tenant's sessions unless it asks for one.
-        filter.tenant_id = match (tenant, asked) {
+        filter.tenant_id = match (tenant, query.tenant_id.as_deref()) {
             (None, None) => None,
             (tenant, asked) => Some(addressed_tenant(tenant, asked)?),
         };
-        filter.agent_id = agent_id;
-        let sessions = self
+        filter.agent_id = query.agent_id;
+        filter.owner_user_id = query.owner_user_id;
+        let limit = query.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return Err(ApiError::InvalidRequest(
+                "limit must be between 1 and 1000".to_owned(),
+            ));
+        }
+        let counts = self
             .store
-            .list_sessions(&filter)
+            .session_counts(&filter)
+            .await
+            .map_err(|e| ApiError::from_store("count sessions", e))?;
+        let mut by_status = std::collections::BTreeMap::new();
+        for (status, n) in counts {
+            let name = match corral_store::SessionStatus::parse(&status) {
+                Some(status) => Status::of(status).as_str(),
+                None => continue,
+            };
+            *by_status.entry(name.to_owned()).or_insert(0) += n;
+        }
+        for name in query.status.iter().flat_map(|s| s.split(',')) {
+            let statuses = Status::parse(name).ok_or_else(|| {
+                ApiError::InvalidRequest(format!("status {name:?} is not a session status"))
+            })?;
+            filter.statuses.extend(statuses);
+        }
+        let page = self
+            .store
+            .page_sessions(&filter, query.after.as_deref(), limit + 1)
             .await
             .map_err(|e| ApiError::from_store("list sessions", e))?;
-        Ok(sessions
-            .into_iter()
-            .map(|s| SessionSummary {
-                id: public_id(&s.id).to_owned(),
-                tenant_id: s.tenant_id,
-                agent_id: s.agent_id,
-                owner_user_id: s.owner_user_id,
-                status: Status::of(s.status),
-                active_turn_id: s.active_turn_id,
-            })
-            .collect())
+        let more = page.len() > limit;
+        let page: Vec<Session> = page.into_iter().take(limit).collect();
+        let next = if more {
+            page.last().map(|s| s.id.clone())
+        } else {
+            None
+        };
+        Ok(SessionList {
+            sessions: page
+                .into_iter()
+                .map(|s| SessionSummary {
+                    id: public_id(&s.id).to_owned(),
+                    tenant_id: s.tenant_id,
+                    agent_id: s.agent_id,
+                    owner_user_id: s.owner_user_id,
+                    status: Status::of(s.status),
+                    active_turn_id: s.active_turn_id,
+                })
+                .collect(),
+            next,
+            counts: by_status,
+        })
+    }
+
+    /// Erases a session and everything stored for it (refused while a turn is in progress
+    /// unless `cancel`), and logs the erasure with who asked.
+    pub async fn erase_session(
+        &self,
+        caller: &Caller,
+        asked: Option<&str>,
+        id: &str,
+        cancel: bool,
+    ) -> Result<(), ApiError> {
+        let session = self
+            .visible_session(caller.application()?, asked, id)
+            .await?;
+        let erased = self
+            .store
+            .erase_session(&session.id, cancel)
+            .await
+            .map_err(|e| match e {
+                StoreError::Conflict { .. } => ApiError::Conflict(
+                    "a turn is in progress: cancel it first, or pass cancel=true".to_owned(),
+                ),
+                StoreError::NotFound { .. } => ApiError::NotFound("session not found".to_owned()),
+                other => ApiError::from_store("erase session", other),
+            })?;
+        tracing::info!(
+            target: "corral::operator",
+            tenant = %erased.tenant_id,
+            session = %public_id(&erased.id),
+            status = %erased.status.as_str(),
+            erased_by = %caller.name().unwrap_or_default(),
+            "session erased with everything stored for it"
+        );
+        Ok(())
     }
 
     /// The session's full view.
@@ -603,23 +673,6 @@ impl Runtime {
             .lock()
             .ok()
             .and_then(|running| running.get(session_id).cloned())
-    }
-}
-
-impl Status {
-    /// The text on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Idle => "idle",
-            Status::Runnable => "runnable",
-            Status::Running => "running",
-            Status::Paused => "paused",
-            Status::Waiting => "waiting",
-            Status::Uncertain => "uncertain",
-            Status::Completed => "completed",
-            Status::Failed => "failed",
-            Status::Cancelled => "cancelled",
-        }
     }
 }
 

@@ -145,6 +145,48 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every wire status.
+    pub const ALL: [Status; 9] = [
+        Status::Idle,
+        Status::Runnable,
+        Status::Running,
+        Status::Paused,
+        Status::Waiting,
+        Status::Uncertain,
+        Status::Completed,
+        Status::Failed,
+        Status::Cancelled,
+    ];
+
+    /// Its wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Idle => "idle",
+            Status::Runnable => "runnable",
+            Status::Running => "running",
+            Status::Paused => "paused",
+            Status::Waiting => "waiting",
+            Status::Uncertain => "uncertain",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// The stored statuses a wire status name stands for (`completed` is also `closed`), or
+    /// `None` for an unknown name.
+    pub fn parse(name: &str) -> Option<Vec<corral_store::SessionStatus>> {
+        use corral_store::SessionStatus as S;
+        let wire = Status::ALL.into_iter().find(|s| s.as_str() == name)?;
+        Some(
+            S::ALL
+                .iter()
+                .copied()
+                .filter(|stored| Status::of(*stored) == wire)
+                .collect(),
+        )
+    }
+
     /// The wire status of a stored one (a closed session reads as completed).
     pub fn of(status: corral_store::SessionStatus) -> Status {
         use corral_store::SessionStatus as S;
@@ -183,8 +225,13 @@ pub struct SessionSummary {
 /// `GET /v1/sessions`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SessionList {
-    /// The sessions the token may see, by id.
+    /// A page of the sessions the token may see that match the filters, in a stable order.
     pub sessions: Vec<SessionSummary>,
+    /// Pass as `after` for the next page; `null` on the last page.
+    pub next: Option<String>,
+    /// How many sessions match the filters other than `status`, by status (statuses with
+    /// none are left out).
+    pub counts: std::collections::BTreeMap<String, u64>,
 }
 
 /// A session's full view.
@@ -656,6 +703,39 @@ pub struct SessionsQuery {
     /// Only this agent's sessions.
     #[param(nullable = false)]
     pub agent_id: Option<String>,
+    /// Only sessions in these statuses, comma-separated (`paused,waiting,uncertain`).
+    #[param(
+        nullable = false,
+        pattern = "^(idle|runnable|running|paused|waiting|uncertain|completed|failed|cancelled)(,(idle|runnable|running|paused|waiting|uncertain|completed|failed|cancelled))*$",
+        example = "paused,uncertain"
+    )]
+    pub status: Option<String>,
+    /// Only this user's sessions.
+    #[param(nullable = false)]
+    pub owner_user_id: Option<String>,
+    /// Sessions per page, 1 to 1000 (default 100).
+    #[param(nullable = false, minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+    /// The previous page's `next`: this page starts after it.
+    #[param(nullable = false)]
+    pub after: Option<String>,
+}
+
+/// The query of `DELETE /v1/sessions/{id}`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EraseQuery {
+    /// An operator token's tenant (default: `default`); a tenant token may only name its own.
+    #[param(
+        nullable = false,
+        pattern = "^[A-Za-z0-9._-]{1,100}$",
+        example = "acme"
+    )]
+    pub tenant_id: Option<String>,
+    /// Erase even while a turn is in progress (it stops at its next write).
+    #[param(nullable = false)]
+    pub cancel: Option<bool>,
 }
 
 /// The query of `GET /v1/sessions/{id}/items`.

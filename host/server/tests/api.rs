@@ -3,6 +3,8 @@
 mod common;
 #[path = "api/contract.rs"]
 mod contract;
+#[path = "api/lifecycle.rs"]
+mod lifecycle;
 #[path = "api/tenancy.rs"]
 mod tenancy;
 
@@ -89,7 +91,7 @@ async fn every_route_checks_the_token_and_its_scope() {
     let (status, answer) = h.call("GET", "/v1/nothing", Some(OPERATOR), None).await;
     assert_error(status, &answer, 404, "not_found");
     let (status, answer) = h
-        .call("DELETE", "/v1/sessions/s1", Some(OPERATOR), None)
+        .call("PATCH", "/v1/sessions/s1", Some(OPERATOR), None)
         .await;
     assert_error(status, &answer, 405, "method_not_allowed");
 }
@@ -412,12 +414,13 @@ async fn sessions_are_idempotent_on_their_creation_parameters() {
         .await;
     assert_eq!(
         list,
-        json!({"sessions": [{"id": "s1", "tenantId": "default", "agentId": "helper", "ownerUserId": "u1", "status": "idle", "activeTurnId": null}]})
+        json!({"sessions": [{"id": "s1", "tenantId": "default", "agentId": "helper", "ownerUserId": "u1", "status": "idle", "activeTurnId": null}],
+            "next": null, "counts": {"idle": 1}})
     );
     let list = h
         .ok("GET", "/v1/sessions?agentId=other", OPERATOR, None)
         .await;
-    assert_eq!(list, json!({"sessions": []}));
+    assert_eq!(list, json!({"sessions": [], "next": null, "counts": {}}));
 }
 
 #[tokio::test(flavor = "multi_thread")]

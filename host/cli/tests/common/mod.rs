@@ -12,6 +12,12 @@ use serde_json::Value;
 /// Reads one request and returns its JSON body (`None` if the peer went away or it is not
 /// JSON).
 pub fn read_json_request(stream: &mut TcpStream) -> Option<Value> {
+    let (_, body) = read_request(stream)?;
+    serde_json::from_slice(&body).ok()
+}
+
+/// Reads one HTTP request: its head (lowercased) and its body's bytes.
+pub fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut buffer = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -30,7 +36,7 @@ pub fn read_json_request(stream: &mut TcpStream) -> Option<Value> {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(0);
         if buffer.len() >= end + 4 + length {
-            return serde_json::from_slice(&buffer[end + 4..end + 4 + length]).ok();
+            return Some((head, buffer[end + 4..end + 4 + length].to_vec()));
         }
     }
 }

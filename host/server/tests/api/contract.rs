@@ -139,8 +139,9 @@ async fn unknown_query_parameters_are_refused() {
     h.register_agent().await;
     h.session("s1", OPERATOR).await;
     for path in [
-        "/v1/sessions?status=running",
-        "/v1/sessions?limit=5",
+        "/v1/sessions?state=running",
+        "/v1/sessions?status=asleep",
+        "/v1/sessions?limit=0",
         "/v1/sessions/s1?cursor=1",
         "/v1/sessions/s1/items?limit=0",
         "/v1/sessions/s1/items?limit=1001",
@@ -158,6 +159,7 @@ async fn unknown_query_parameters_are_refused() {
     for path in [
         "/v1/sessions?agentId=helper",
         "/v1/sessions?tenantId=default&agentId=helper",
+        "/v1/sessions?status=running,idle&limit=5&ownerUserId=u1",
         "/v1/sessions/s1?tenantId=default",
         "/v1/sessions/s1/items?cursor=0&limit=1000&tenantId=default",
     ] {
@@ -167,14 +169,14 @@ async fn unknown_query_parameters_are_refused() {
     let listed = h
         .ok("GET", "/v1/sessions?agentId=other", OPERATOR, None)
         .await;
-    assert_eq!(listed, json!({"sessions": []}));
+    assert_eq!(listed, json!({"sessions": [], "next": null, "counts": {}}));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_known_path_with_another_method_is_405_with_allow() {
     let h = Harness::start().await;
     for (method, path, allowed) in [
-        ("DELETE", "/v1/sessions/s1", &["GET", "PUT"][..]),
+        ("PATCH", "/v1/sessions/s1", &["DELETE", "GET", "PUT"][..]),
         ("POST", "/health", &["GET"][..]),
         ("PATCH", "/v1/agents/helper", &["GET", "PUT"][..]),
         ("GET", "/v1/sessions/s1/commands", &["POST"][..]),
