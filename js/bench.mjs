@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Figures of the JS host (issue 8) beside quickjs-emscripten, in the same run:
+// Figures of the JS host beside quickjs-emscripten, in the same run:
 //
 //   node bench.mjs [--quick]
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The JS host's tests (issue 8): installs the pinned packages (npm ci, skipped when node_modules
+# The JS host's tests: installs the pinned packages (npm ci, skipped when node_modules
 # is already installed from this package-lock.json by this Node), transpiles the guest with jco,
 # and runs test/*.test.mjs with node:test: the corpus under the JS host, concurrency, deadline,
 # fresh instances after traps, deny-all, validation, the component's imports, the README example

@@ -707,8 +707,8 @@ fn fib_gap(md: &mut String, document: &Value, results: &[Measurement]) {
          than without fuel, level with quickjs-emscripten, because the counter is still kept \
          across every call. That leaves better code from Cranelift for QuickJS's interpreter \
          loop, or fewer blocks and calls per JavaScript operation in QuickJS (a call now costs \
-         about 300 fuel beyond its bytecodes). `bench/README.md` (round 2, fourteenth and \
-         fifteenth parts) has the measurements."
+         about 300 fuel beyond its bytecodes). `docs/performance-history.md` (the fuel \
+         parts) has the measurements."
     );
 }
 

@@ -12,7 +12,7 @@ use serde_json::Value;
 /// and say why in the commit.
 const RECORDED_FUEL: &[(&str, u64)] = &[
     // json_100kb 65,660,787, regex_1mb 646,488,883, string_building 368,613,079 and calls_1000
-    // 45,165,017 until QuickJS's blocks came from size classes instead of dlmalloc (issue 12);
+    // 45,165,017 until QuickJS's blocks came from size classes instead of dlmalloc;
     // json_100kb 58,822,868 and calls_1000 36,783,018 until JSON.stringify kept object keys as
     // atoms and its cycle check in a C array (guest/patches/, json-stringify-fast-paths).
     // regex_1mb 622,231,011, sort_100k 1,433,049,616 and fib25 189,411,788 until QuickJS's C
@@ -25,7 +25,7 @@ const RECORDED_FUEL: &[(&str, u64)] = &[
     ("fib25", 182_348_202),
     // 65,809,611 until the guest's QuickJS stopped formatting call sites with printf and
     // stopped making JSON.stringify's holder object without a replacer; 53,402,026 until a
-    // call's site was kept as frames and formatted only when the call fails (issue 12, round 2);
+    // call's site was kept as frames and formatted only when the call fails;
     // 32,948,370 until the namespaces of `tools` answered known names without their `get` trap
     // (guest/patches/, namespace-get-fast-path), `tools` became a data property and the
     // binding's argument check stopped calling a function; 27,713,640 until the guest stopped

@@ -1,5 +1,5 @@
-//! Figures of `corral serve` over loopback, on the embedded store and on PostgreSQL: what the
-//! server issue asks `bench/` to report (not timed tests).
+//! Figures of `corral serve` over loopback, on the embedded store and on PostgreSQL, as
+//! `bench/REPORT.md` shows them (figures, not timed tests).
 //!
 //! - command acknowledgement: `POST /commands` (a `message`) round trip, p50/p99, one session;
 //! - commands/s with 16 and 256 sessions at once, each a client that sends a message and waits

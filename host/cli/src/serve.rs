@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions};
@@ -22,10 +21,17 @@ pub struct ServeArgs {
     /// The TOML configuration (listen, store, leaseMs, [[tokens]]).
     #[arg(long, required_unless_present = "demo", conflicts_with = "demo")]
     config: Option<PathBuf>,
-    /// Demo mode: a fresh embedded store, a demo application token (printed) and the demo
-    /// agent of examples/demo-agent.json registered.
+    /// Demo mode: an embedded store and an operator token kept in --demo-dir across restarts
+    /// (so a `kill -9` and restart resumes the demo's sessions), with the demo agent of
+    /// examples/demo-agent.json registered.
     #[arg(long)]
     demo: bool,
+    /// With --demo: where the demo keeps its store and its token (`token`).
+    #[arg(long, default_value = "target/corral-demo", requires = "demo")]
+    demo_dir: PathBuf,
+    /// With --demo: start over, with an empty store and a new token.
+    #[arg(long, requires = "demo")]
+    fresh: bool,
     /// With --demo: where to listen.
     #[arg(long, default_value = "127.0.0.1:8787", requires = "demo")]
     listen: SocketAddr,
@@ -118,13 +124,13 @@ async fn open_store(location: &StoreLocation) -> anyhow::Result<Arc<dyn Store>> 
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config, demo) = if args.demo {
-        let folder = std::env::temp_dir().join(format!("corral-demo-{}", std::process::id()));
-        let token = format!("demo-{}", uuid_like());
+        let folder = args.demo_dir.clone();
+        let token = demo_token(&folder, args.fresh)?;
         let config = Config::new(
             args.listen,
             StoreLocation::Sqlite(folder.join("corral.db")),
             Config::DEFAULT_LEASE,
-            vec![TokenConfig::application(&token, None)],
+            vec![TokenConfig::application(&token, None).named("demo")],
         )?;
         (config, Some((token, folder)))
     } else {
@@ -148,6 +154,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 "1",
             ))
             .await?;
+        if let Some((_, folder)) = &demo {
+            println!(
+                "demo store: {} (kept across restarts; --fresh starts over)",
+                folder.display()
+            );
+        }
         println!("demo agent: {} ({})", manifest.id, manifest_hash(&value));
         println!("token: {token}");
     }
@@ -166,12 +178,30 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let served = server.run(listener, shutdown_signal()).await;
     hub.shutdown().await;
     drop(store);
-    if let Some((_, folder)) = demo {
-        // Give the store a moment to release its files before they go.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let _ = std::fs::remove_dir_all(folder);
-    }
     served.context("the server failed")
+}
+
+/// The demo's token, kept in `folder/token` so that a restart (after `kill -9` too) serves
+/// the same sessions to the same token; with `fresh`, the folder is emptied first.
+fn demo_token(folder: &Path, fresh: bool) -> anyhow::Result<String> {
+    if fresh && folder.exists() {
+        std::fs::remove_dir_all(folder)
+            .with_context(|| format!("cannot empty {}", folder.display()))?;
+    }
+    std::fs::create_dir_all(folder)
+        .with_context(|| format!("cannot create {}", folder.display()))?;
+    let path = folder.join("token");
+    match std::fs::read_to_string(&path) {
+        Ok(token) if token.trim().chars().count() >= corral_server::config::MIN_TOKEN_CHARS => {
+            Ok(token.trim().to_owned())
+        }
+        _ => {
+            let token = format!("demo-{}", uuid_like());
+            std::fs::write(&path, format!("{token}\n"))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Ok(token)
+        }
+    }
 }
 
 /// A random-enough id for the demo token, without another dependency.

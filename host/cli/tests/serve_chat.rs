@@ -613,3 +613,112 @@ async fn retention_closes_and_expires_settled_sessions_and_never_a_paused_one() 
     assert!(counter("corral_retention_passes_total") >= 1);
     drop(server);
 }
+
+/// A webhook that answers each call after `delay`, counting the calls it received.
+fn slow_webhook(delay: Duration, calls: Arc<Mutex<usize>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let calls = Arc::clone(&calls);
+            std::thread::spawn(move || {
+                if common::read_json_request(&mut stream).is_none() {
+                    return;
+                }
+                if let Ok(mut calls) = calls.lock() {
+                    *calls += 1;
+                }
+                std::thread::sleep(delay);
+                common::reply_json(&mut stream, &json!({"ok": true, "output": {"done": true}}));
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_during_a_call_shorter_than_the_grace_period_leaves_nothing_uncertain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calls = Arc::new(Mutex::new(0));
+    let url = slow_webhook(Duration::from_millis(1500), Arc::clone(&calls));
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\nshutdownGraceMs = 20000\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n",
+            dir.path().join("corral.db").display()
+        ),
+    )
+    .expect("config");
+    let stderr = dir.path().join("serve.stderr");
+    let server = Server::start(&config, &stderr);
+    let code = "return await tools.shop.slow({});";
+    let manifest = json!({
+        "id": "deploy", "instructions": "Go.", "autoConfirm": true,
+        "model": {"provider": "scripted", "replies": [
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": code}}]},
+            {"text": "Done."}
+        ]},
+        "capabilities": [{"kind": "webhook", "id": "shop.slow", "webhookUrl": url,
+                          "input_schema": {"type": "object"}}]
+    });
+    let base = server.base.clone();
+    ok(
+        &base,
+        reqwest::Method::PUT,
+        "/v1/agents/deploy",
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+    ok(
+        &base,
+        reqwest::Method::PUT,
+        "/v1/sessions/d1",
+        Some(json!({"agentId": "deploy", "ownerUserId": "u"})),
+    )
+    .await;
+    ok(
+        &base,
+        reqwest::Method::POST,
+        "/v1/sessions/d1/commands",
+        Some(json!({"type": "message", "idempotencyKey": "m1", "content": "go"})),
+    )
+    .await;
+    // The call is in flight at the webhook: deploy (SIGTERM, then start again).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while *calls.lock().expect("calls") == 0 {
+        assert!(Instant::now() < deadline, "the webhook was never called");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut server = server;
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    let exit = server.child.wait().expect("corral serve exits");
+    assert!(exit.success(), "a SIGTERM'd server exits cleanly: {exit:?}");
+    drop(server);
+    let server = Server::start(&config, &stderr);
+    let view = wait_status(&server.base, "d1", "completed").await;
+    assert_eq!(view["uncertainEffects"], json!([]), "{view}");
+    let (_, page) = call(
+        &server.base,
+        reqwest::Method::GET,
+        "/v1/sessions/d1/items?cursor=0&limit=1000",
+        None,
+    )
+    .await;
+    let types: Vec<&str> = page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert!(!types.contains(&"effect.uncertain"), "{types:?}");
+    // The call ran once: its result was journaled before the first process stopped.
+    assert_eq!(*calls.lock().expect("calls"), 1);
+    drop(server);
+}

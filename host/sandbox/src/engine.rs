@@ -72,7 +72,7 @@ pub struct SandboxConfig {
     /// Let Linux map up to 16 neighbouring snapshot pages with each page a session reads
     /// (fault-around), as it does for any file mapping. Off (the default), the sandbox registers
     /// each pool slot's snapshot mapping with userfaultfd so that a session maps only the pages
-    /// it reads: the same memory, about 220 KiB less RSS per live session (`bench/README.md`).
+    /// it reads: the same memory, about 220 KiB less RSS per live session (`docs/performance-history.md`).
     /// Makes no difference without `pool`, or where the kernel refuses userfaultfd (before
     /// Linux 6.7, or under a seccomp filter that denies it): see [`Sandbox::maps_read_pages_only`].
     pub fault_around: bool,

@@ -38,6 +38,12 @@ pub struct Config {
     /// The secret webhook calls are signed with (`webhookSecret`, at least 16 characters;
     /// `None`: unsigned unless a capability names its own `webhookSecretRef`).
     pub webhook_secret: Option<String>,
+    /// How long a SIGTERM lets running turn segments finish before aborting them
+    /// (`shutdownGraceMs`, 10 s; 0 aborts at once).
+    pub shutdown_grace: Duration,
+    /// This replica's stable name (`replicaName`): a restarted replica takes over the leases
+    /// its previous incarnation held at once. Unique per replica; `None`: a new id per start.
+    pub replica_name: Option<String>,
 }
 
 /// The `[retention]` table: when sessions close and expire, what history and records are
@@ -233,6 +239,8 @@ struct RawConfig {
     #[serde(default)]
     retention: RawRetention,
     webhook_secret: Option<String>,
+    shutdown_grace_ms: Option<u64>,
+    replica_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,6 +271,8 @@ impl Config {
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
     /// The default SSE keep-alive period (15 s).
     pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(15);
+    /// The default shutdown grace period (10 s).
+    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
     /// The default SSE send timeout (5 s).
     pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -326,6 +336,18 @@ impl Config {
                 Config::DEFAULT_SEND_TIMEOUT,
             )?,
             retention: raw.retention.validate()?,
+            replica_name: match raw.replica_name {
+                Some(name) if crate::tenancy::tenant_problem(&name).is_some() => {
+                    return Err(field(
+                        "replicaName",
+                        "must be 1 to 100 ASCII letters, digits, '-', '_' or '.'",
+                    ));
+                }
+                name => name,
+            },
+            shutdown_grace: raw
+                .shutdown_grace_ms
+                .map_or(Config::DEFAULT_SHUTDOWN_GRACE, Duration::from_millis),
             webhook_secret: match raw.webhook_secret {
                 Some(secret) if secret.chars().count() < MIN_TOKEN_CHARS => {
                     return Err(field(
@@ -357,6 +379,8 @@ impl Config {
             sse_send_timeout: Config::DEFAULT_SEND_TIMEOUT,
             retention: Retention::default(),
             webhook_secret: None,
+            shutdown_grace: Config::DEFAULT_SHUTDOWN_GRACE,
+            replica_name: None,
         };
         config.validate()?;
         Ok(config)

@@ -94,25 +94,42 @@ impl Server {
     }
 
     /// Serves on `listener` until `shutdown` resolves, then shuts down gracefully: `/ready`
-    /// answers 503, no new connection is accepted, running turns are aborted, the streams end,
-    /// in-flight requests and the turns' last journal writes drain, and the store is released.
+    /// answers 503, no new connection, command or segment is accepted, the streams end, and
+    /// running turn segments get the configuration's `shutdownGraceMs` to finish what they are
+    /// doing (a webhook call answering, a segment reaching its pause or end) before they are
+    /// aborted, at which point what is still in flight is recorded `uncertain`; then their last
+    /// journal writes drain and the store is released.
     pub async fn run(
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let Server { runtime, hub } = self;
-        if runtime.store.backend() == corral_store::StoreBackend::Sqlite {
-            // The embedded store has one owner at a time (an exclusive lock on its file), so
-            // every lease in it belongs to a dead process: take them over now instead of
-            // waiting for them to expire, marking what was in flight uncertain.
-            let reason =
-                "the process running the turn stopped before the effect's outcome was recorded";
-            match runtime.store.recover_in_flight_effects(reason, true).await {
+        let reason =
+            "the process running the turn stopped before the effect's outcome was recorded";
+        // The embedded store has one owner at a time (an exclusive lock on its file), so every
+        // lease in it belongs to a dead process; a PostgreSQL replica with a stable name
+        // (`replicaName`) knows the leases under its name are its previous incarnation's. Both
+        // take those over now instead of waiting for them to expire, marking what was in
+        // flight uncertain.
+        let recovered = if runtime.store.backend() == corral_store::StoreBackend::Sqlite {
+            Some(runtime.store.recover_in_flight_effects(reason, true).await)
+        } else if runtime.config().replica_name.is_some() {
+            Some(
+                runtime
+                    .store
+                    .recover_replica_leases(reason, runtime.replica_id())
+                    .await,
+            )
+        } else {
+            None
+        };
+        if let Some(recovered) = recovered {
+            match recovered {
                 Ok(changed) => runtime.metrics.effects("uncertain", changed),
                 Err(error) => {
                     runtime.metrics.store_error("start_segment");
-                    tracing::warn!(%error, "taking over the embedded store's leases failed");
+                    tracing::warn!(%error, "taking over a dead process's leases failed");
                 }
             }
         }
@@ -150,6 +167,18 @@ impl Server {
         runtime.shutdown.cancel();
         tasks.close();
         runtime.tasks.close();
+        let grace = runtime.config().shutdown_grace;
+        let finished = tokio::time::timeout(grace, async {
+            tasks.wait().await;
+            runtime.tasks.wait().await;
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                "turn segments still running after the {grace:?} grace period: aborting them"
+            );
+        }
+        runtime.abort.cancel();
         let drained = tokio::time::timeout(DRAIN, async {
             tasks.wait().await;
             runtime.tasks.wait().await;

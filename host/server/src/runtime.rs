@@ -46,8 +46,10 @@ pub struct Runtime {
     pub(crate) running: Mutex<HashMap<String, CancellationToken>>,
     /// Wakes the scheduler.
     pub(crate) wake: Notify,
-    /// Cancelled when the server shuts down.
+    /// Cancelled when the server shuts down: no new connection, command or segment.
     pub(crate) shutdown: CancellationToken,
+    /// Cancelled when the shutdown's grace period ends: the running segments stop.
+    pub(crate) abort: CancellationToken,
     pub(crate) closing: AtomicBool,
     pub(crate) scheduler_up: AtomicBool,
     /// Turn segments and streams, awaited at shutdown.
@@ -61,15 +63,20 @@ impl Runtime {
         runner: Arc<dyn TurnRunner>,
         metrics: Arc<Metrics>,
     ) -> Runtime {
+        let replica_id = config
+            .replica_name
+            .clone()
+            .unwrap_or_else(|| format!("replica-{}", uuid::Uuid::new_v4()));
         Runtime {
             store,
             runner,
             config,
-            replica_id: format!("replica-{}", uuid::Uuid::new_v4()),
+            replica_id,
             metrics,
             running: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             shutdown: CancellationToken::new(),
+            abort: CancellationToken::new(),
             closing: AtomicBool::new(false),
             scheduler_up: AtomicBool::new(false),
             tasks: TaskTracker::new(),

@@ -61,7 +61,8 @@ async fn claim_all(runtime: &Arc<Runtime>) {
         runtime
             .metrics
             .effects("uncertain", segment.effects_uncertain);
-        let token = runtime.shutdown.child_token();
+        // A segment outlives the shutdown signal by its grace period (see `Server::run`).
+        let token = runtime.abort.child_token();
         let session_id = segment.session.id.clone();
         if let Ok(mut running) = runtime.running.lock() {
             running.insert(session_id.clone(), token.clone());
@@ -153,10 +154,10 @@ async fn run_segment(
         }
     };
     runtime.metrics.turn(outcome_name(&outcome, &cancel));
-    // Aborted by the shutdown: what the segment had in flight may or may not happen. Said now,
-    // under the lease, rather than when the next start claims the session.
+    // Aborted when the shutdown's grace period ended: what the segment had in flight may or
+    // may not happen. Said now, under the lease, rather than when the next start claims it.
     let shut_down = runtime
-        .shutdown
+        .abort
         .is_cancelled()
         .then_some("the server shut down before the effect's outcome was recorded");
     renewer.abort();

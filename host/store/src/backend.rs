@@ -301,8 +301,24 @@ impl<B: Backend> Store for B {
         leased_too: bool,
     ) -> Result<usize, StoreError> {
         let reason = reason.to_owned();
+        let takeover = if leased_too {
+            engine::Takeover::Every
+        } else {
+            engine::Takeover::Expired
+        };
         run!(self, "recover_in_flight_effects", true, |tx| {
-            engine::recover_in_flight_effects(tx, &reason, leased_too)
+            engine::recover_in_flight_effects(tx, &reason, takeover)
+        })
+    }
+
+    async fn recover_replica_leases(
+        &self,
+        reason: &str,
+        replica_id: &str,
+    ) -> Result<usize, StoreError> {
+        let (reason, replica_id) = (reason.to_owned(), replica_id.to_owned());
+        run!(self, "recover_replica_leases", true, |tx| {
+            engine::recover_in_flight_effects(tx, &reason, engine::Takeover::HeldBy(&replica_id))
         })
     }
 

@@ -1640,10 +1640,21 @@ fn action_claim_key(action_id: &str, generation: u64) -> String {
     format!("corral:action-claim:{action_id}:{generation}")
 }
 
+/// Whose leases a start-up recovery takes over, besides expired ones.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Takeover<'a> {
+    /// None: sessions under an unexpired lease are skipped.
+    Expired,
+    /// Every lease (the embedded store's single owner).
+    Every,
+    /// Those held by this replica name (a replica's previous incarnation).
+    HeldBy(&'a str),
+}
+
 pub(crate) async fn recover_in_flight_effects<T: Tx>(
     tx: &mut T,
     reason: &str,
-    leased_too: bool,
+    takeover: Takeover<'_>,
 ) -> Result<usize, StoreError> {
     let now = tx.now().await?;
     let mut sessions = Vec::new();
@@ -1672,11 +1683,14 @@ pub(crate) async fn recover_in_flight_effects<T: Tx>(
         let Some(mut session) = tx.session(&session_id, true).await? else {
             continue;
         };
-        let held = session
-            .owner
-            .as_ref()
-            .is_some_and(|owner| owner.lease_expires_at > now);
-        if held && !leased_too {
+        let skip = match (&session.owner, takeover) {
+            (Some(owner), Takeover::Expired) => owner.lease_expires_at > now,
+            (Some(owner), Takeover::HeldBy(replica)) => {
+                owner.lease_expires_at > now && owner.replica_id != replica
+            }
+            (Some(_), Takeover::Every) | (None, _) => false,
+        };
+        if skip {
             continue;
         }
         let effects = in_flight_uncertain(tx, &mut session, reason, now).await?;

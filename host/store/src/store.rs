@@ -213,6 +213,15 @@ pub trait Store: Send + Sync + fmt::Debug {
         leased_too: bool,
     ) -> Result<usize, StoreError>;
 
+    /// [`Store::recover_in_flight_effects`] for a replica that restarts under a stable name:
+    /// besides expired leases, it takes over at once the leases `replica_id` (its previous
+    /// incarnation) still holds, since that process is gone.
+    async fn recover_replica_leases(
+        &self,
+        reason: &str,
+        replica_id: &str,
+    ) -> Result<usize, StoreError>;
+
     /// Runs one command of the session state machine in one transaction: the idempotency
     /// check, the command's rules, its transitions, checkpoint and events, and its record.
     ///

@@ -2415,7 +2415,21 @@ async fn start_up_recovery_marks_every_in_flight_effect_uncertain(
         s2.owner.is_some_and(|o| o.replica_id == "replica-b"),
         "s2 untouched"
     );
-    ensure!(store.recover_in_flight_effects("restarted", true).await? == 1);
+    // Another replica name takes nothing under replica-b's live lease; replica-b restarted
+    // under its stable name takes its own lease over at once.
+    ensure!(
+        f.peer
+            .recover_replica_leases("restarted", "replica-c")
+            .await?
+            == 0
+    );
+    ensure!(store.get_effect("m2").await?.status == EffectStatus::Invoking);
+    ensure!(
+        f.peer
+            .recover_replica_leases("restarted", "replica-b")
+            .await?
+            == 1
+    );
     ensure!(store.get_effect("m2").await?.status == EffectStatus::Uncertain);
     let s2 = store.get_session("s2").await?;
     ensure!(s2.status == SessionStatus::Uncertain && s2.owner.is_none());

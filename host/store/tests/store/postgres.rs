@@ -388,7 +388,14 @@ async fn a_server_crash_loses_nothing_committed_and_shows_nothing_torn() -> anyh
         )
         .await
         .ok();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Crash once the writers have had acknowledgements (on loaded cores the first ones can
+    // take far longer than usual), while they are still writing.
+    let waiting = std::time::Instant::now();
+    while acknowledged.lock().map_or(0, |a| a.len()) < 3
+        && waiting.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let crashing = Arc::clone(&server);
     tokio::task::spawn_blocking(move || crashing.crash_and_restart()).await??;
     for writer in writers {
