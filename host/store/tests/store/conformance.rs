@@ -1885,7 +1885,6 @@ async fn pause(
         .finish_segment(
             &segment.lease.fence(),
             &segment.turn_id,
-            next,
             SegmentOutcome::Paused {
                 checkpoint: paused.clone(),
             },
@@ -2024,7 +2023,6 @@ async fn a_cancel_racing_a_turn_completion_has_one_winner(f: &Fixture) -> anyhow
                     .finish_segment(
                         &segment.lease.fence(),
                         &turn,
-                        segment.segment,
                         completed(vec![json!({"round": round})]),
                         None,
                     )
@@ -2740,7 +2738,7 @@ async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
         items: items.clone(),
     };
     let (end, uncertain) = store
-        .finish_segment(&fence, "t1", 0, outcome.clone(), None)
+        .finish_segment(&fence, "t1", outcome.clone(), None)
         .await?;
     ensure!(end == SegmentEnd::Applied && uncertain == 0, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -2771,7 +2769,7 @@ async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
         }
     );
     expect_err!(
-        store.finish_segment(&fence, "t1", 0, outcome, None).await,
+        store.finish_segment(&fence, "t1", outcome, None).await,
         StoreError::StaleGeneration {
             reason: StaleReason::NotHeld,
             ..
@@ -2795,7 +2793,7 @@ async fn a_failed_segment_fails_the_turn(f: &Fixture) -> anyhow::Result<()> {
         message: "the model is unavailable".into(),
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", 0, outcome, None)
+        .finish_segment(&segment.lease.fence(), "t1", outcome, None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     let s = store.get_session("s1").await?;
@@ -2821,7 +2819,7 @@ async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
         effect_ids: vec!["a1".into()],
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", 0, waiting, None)
+        .finish_segment(&segment.lease.fence(), "t1", waiting, None)
         .await?;
     ensure!(end == SegmentEnd::Applied, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -2860,7 +2858,7 @@ async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
         effect_ids: vec!["a2".into()],
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", segment.segment, waiting, None)
+        .finish_segment(&segment.lease.fence(), "t1", waiting, None)
         .await?;
     ensure!(end == SegmentEnd::RunAgain, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -2884,7 +2882,6 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t1",
-            0,
             completed(vec![json!("late")]),
             None,
         )
@@ -2905,7 +2902,6 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t2",
-            0,
             SegmentOutcome::Cancelled,
             Some("shutting down"),
         )
@@ -2922,7 +2918,6 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t2",
-            0,
             SegmentOutcome::Cancelled,
             Some("shutting down"),
         )
@@ -2949,7 +2944,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     tokio::time::sleep(PAST_SHORT).await;
     // Expired, but nobody took over: it still finishes.
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", 0, completed(vec![]), None)
+        .finish_segment(&segment.lease.fence(), "t1", completed(vec![]), None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     ensure!(store.get_session("s1").await?.status == SessionStatus::Completed);
@@ -2963,7 +2958,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     ensure!(new.lease.generation == old.lease.generation + 1);
     expect_err!(
         store
-            .finish_segment(&old.lease.fence(), "t2", 0, completed(vec![]), None)
+            .finish_segment(&old.lease.fence(), "t2", completed(vec![]), None)
             .await,
         StoreError::StaleGeneration {
             reason: StaleReason::Superseded,
@@ -2975,7 +2970,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     ensure!(s.owner.is_some_and(|o| o.replica_id == "r2"), "r2 keeps it");
     let (end, _) = f
         .peer
-        .finish_segment(&new.lease.fence(), "t2", 0, completed(vec![]), None)
+        .finish_segment(&new.lease.fence(), "t2", completed(vec![]), None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     Ok(())
