@@ -85,6 +85,10 @@ async fn run_segment(
     cancel: tokio_util::sync::CancellationToken,
 ) {
     let fence = segment.lease.fence();
+    // Which replica ran which lease of a session, for operators (and the replica suite, which
+    // proves from these lines that two replicas never ran one session at once).
+    tracing::debug!(target: "corral_server::segments", session = %fence.session_id,
+        generation = fence.generation, replica = %fence.replica_id, "segment started");
     let store = Arc::clone(&runtime.store);
     // Keep the lease while the segment runs; losing it stops the segment. A cancel command
     // taken by another replica (on PostgreSQL) reaches this one through the change feed: a
@@ -132,7 +136,6 @@ async fn run_segment(
         })
     };
     let turn_id = segment.turn_id.clone();
-    let number = segment.segment;
     let job = TurnJob {
         store: Arc::clone(&store),
         session: segment.session,
@@ -161,11 +164,16 @@ async fn run_segment(
         .is_cancelled()
         .then_some("the server shut down before the effect's outcome was recorded");
     renewer.abort();
+    // Logged before the finish commits, so this line precedes any later holder's start line.
+    tracing::debug!(target: "corral_server::segments", session = %fence.session_id,
+        generation = fence.generation, replica = %fence.replica_id, "segment finishing");
     match runtime
-        .timed(store.finish_segment(&fence, &turn_id, number, outcome, shut_down))
+        .timed(store.finish_segment(&fence, &turn_id, outcome, shut_down))
         .await
     {
         Ok((end, uncertain)) => {
+            tracing::debug!(target: "corral_server::segments", session = %fence.session_id,
+                generation = fence.generation, replica = %fence.replica_id, "segment finished");
             runtime.metrics.effects("uncertain", uncertain);
             if end == SegmentEnd::RunAgain {
                 runtime.wake.notify_one();

@@ -345,7 +345,6 @@ impl<B: Backend> Store for B {
         &self,
         fence: &Fence,
         turn_id: &str,
-        segment: u64,
         outcome: SegmentOutcome,
         in_flight_reason: Option<&str>,
     ) -> Result<(SegmentEnd, usize), StoreError> {
@@ -353,7 +352,7 @@ impl<B: Backend> Store for B {
         let turn_id = turn_id.to_owned();
         let reason = in_flight_reason.map(str::to_owned);
         run!(self, "finish_segment", true, |tx| machine::finish_segment(
-            tx, fence, turn_id, segment, outcome, reason
+            tx, fence, turn_id, outcome, reason
         ))
     }
 

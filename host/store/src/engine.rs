@@ -1271,28 +1271,60 @@ pub(crate) async fn release_lease<T: Tx>(tx: &mut T, fence: Fence) -> Result<(),
     tx.update_session(&session).await
 }
 
+/// Which sessions [`due`] lists.
+#[derive(Clone, Copy)]
+enum Listing {
+    /// Settled, not closed (candidates to close).
+    Settled,
+    /// Closed (candidates to delete or prune).
+    Closed,
+}
+
+/// The sessions of `listing` whose time-to-live has run out, each with its cutoff, in id order:
+/// a tenant's override wins over the default `ttl` (`None`: no default, only the overrides).
+async fn due<T: Tx>(
+    tx: &mut T,
+    listing: Listing,
+    overrides: &BTreeMap<String, Duration>,
+    ttl: Option<Duration>,
+    now: Timestamp,
+) -> Result<Vec<(String, Timestamp)>, StoreError> {
+    let mut due = Vec::new();
+    let tenants = overrides
+        .iter()
+        .map(|(tenant, ttl)| (Some(tenant.as_str()), *ttl))
+        .chain(ttl.map(|ttl| (None, ttl)));
+    for (tenant, ttl) in tenants {
+        let cutoff = now.saturating_sub(ttl);
+        let found = match listing {
+            Listing::Settled => tx.settled_sessions(tenant, cutoff).await?,
+            Listing::Closed => tx.closed_sessions(tenant, cutoff).await?,
+        };
+        for (id, of) in found {
+            // The default applies only to tenants without an override.
+            if tenant.is_some() || !overrides.contains_key(&of) {
+                due.push((id, cutoff));
+            }
+        }
+    }
+    due.sort();
+    Ok(due)
+}
+
 pub(crate) async fn apply_retention<T: Tx>(
     tx: &mut T,
     policy: &RetentionPolicy,
 ) -> Result<RetentionReport, StoreError> {
     let now = tx.now().await?;
     let mut report = RetentionReport::default();
-    let mut idle = Vec::new();
-    for (tenant, ttl) in &policy.tenant_settled_session_ttl {
-        let cutoff = now.saturating_sub(*ttl);
-        for (id, _) in tx.settled_sessions(Some(tenant), cutoff).await? {
-            idle.push((id, cutoff));
-        }
-    }
-    if let Some(ttl) = policy.settled_session_ttl {
-        let cutoff = now.saturating_sub(ttl);
-        for (id, tenant) in tx.settled_sessions(None, cutoff).await? {
-            if !policy.tenant_settled_session_ttl.contains_key(&tenant) {
-                idle.push((id, cutoff));
-            }
-        }
-    }
-    idle.sort();
+    let idle = due(
+        tx,
+        Listing::Settled,
+        &policy.tenant_settled_session_ttl,
+        policy.settled_session_ttl,
+        now,
+    )
+    .await?;
     for (id, cutoff) in idle {
         // Re-checked under the lock: a command may have moved it meanwhile.
         let Some(mut session) = tx.session(&id, true).await? else {
@@ -1308,22 +1340,14 @@ pub(crate) async fn apply_retention<T: Tx>(
             report.sessions_closed += 1;
         }
     }
-    let mut doomed = Vec::new();
-    for (tenant, ttl) in &policy.tenant_closed_session_ttl {
-        let cutoff = now.saturating_sub(*ttl);
-        for (id, _) in tx.closed_sessions(Some(tenant), cutoff).await? {
-            doomed.push((id, cutoff));
-        }
-    }
-    if let Some(ttl) = policy.closed_session_ttl {
-        let cutoff = now.saturating_sub(ttl);
-        for (id, tenant) in tx.closed_sessions(None, cutoff).await? {
-            if !policy.tenant_closed_session_ttl.contains_key(&tenant) {
-                doomed.push((id, cutoff));
-            }
-        }
-    }
-    doomed.sort();
+    let doomed = due(
+        tx,
+        Listing::Closed,
+        &policy.tenant_closed_session_ttl,
+        policy.closed_session_ttl,
+        now,
+    )
+    .await?;
     for (id, cutoff) in doomed {
         // Re-checked under the lock: the session may have been reopened meanwhile.
         let Some(session) = tx.session(&id, true).await? else {
@@ -1336,22 +1360,14 @@ pub(crate) async fn apply_retention<T: Tx>(
             report.sessions_deleted += 1;
         }
     }
-    let mut history = Vec::new();
-    for (tenant, ttl) in &policy.tenant_closed_history_ttl {
-        let cutoff = now.saturating_sub(*ttl);
-        for (id, _) in tx.closed_sessions(Some(tenant), cutoff).await? {
-            history.push((id, cutoff));
-        }
-    }
-    if let Some(ttl) = policy.closed_history_ttl {
-        let cutoff = now.saturating_sub(ttl);
-        for (id, tenant) in tx.closed_sessions(None, cutoff).await? {
-            if !policy.tenant_closed_history_ttl.contains_key(&tenant) {
-                history.push((id, cutoff));
-            }
-        }
-    }
-    history.sort();
+    let history = due(
+        tx,
+        Listing::Closed,
+        &policy.tenant_closed_history_ttl,
+        policy.closed_history_ttl,
+        now,
+    )
+    .await?;
     for (id, cutoff) in history {
         let Some(session) = tx.session(&id, true).await? else {
             continue;

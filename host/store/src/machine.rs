@@ -895,7 +895,6 @@ pub(crate) async fn finish_segment<T: Tx>(
     tx: &mut T,
     fence: Fence,
     turn_id: String,
-    segment: u64,
     outcome: SegmentOutcome,
     in_flight_reason: Option<String>,
 ) -> Result<(SegmentEnd, usize), StoreError> {
@@ -911,7 +910,7 @@ pub(crate) async fn finish_segment<T: Tx>(
         uncertain = engine::in_flight_uncertain(tx, &mut session, reason, now).await?;
     }
     let end = if turn_active(&session, &turn_id) {
-        apply_outcome(tx, &mut session, &turn_id, segment, outcome, now).await?
+        apply_outcome(tx, &mut session, &turn_id, outcome, now).await?
     } else {
         SegmentEnd::Unchanged
     };
@@ -925,7 +924,6 @@ async fn apply_outcome<T: Tx>(
     tx: &mut T,
     session: &mut Session,
     turn_id: &str,
-    segment: u64,
     outcome: SegmentOutcome,
     now: Timestamp,
 ) -> Result<SegmentEnd, StoreError> {
@@ -951,9 +949,8 @@ async fn apply_outcome<T: Tx>(
             events.push(NewEvent::new("turn.completed", json!({"output": output})));
         }
         SegmentOutcome::Paused { checkpoint } => {
-            // The turn engine wrote the checkpoint (segment `segment`) before its permission
-            // events; it is not written again.
-            let _ = segment;
+            // The turn engine wrote the checkpoint before its permission events; it is not
+            // written again.
             let interactions = serde_json::to_value(&checkpoint.pending)
                 .map_err(|e| StoreError::corrupt(Entity::Checkpoint, &session.id, e.to_string()))?;
             session.status = SessionStatus::Paused;

@@ -266,7 +266,6 @@ pub trait Store: Send + Sync + fmt::Debug {
         &self,
         fence: &Fence,
         turn_id: &str,
-        segment: u64,
         outcome: SegmentOutcome,
         in_flight_reason: Option<&str>,
     ) -> Result<(SegmentEnd, usize), StoreError>;

@@ -1962,7 +1962,6 @@ async fn pause(
         .finish_segment(
             &segment.lease.fence(),
             &segment.turn_id,
-            next,
             SegmentOutcome::Paused {
                 checkpoint: paused.clone(),
             },
@@ -2103,7 +2102,6 @@ async fn a_cancel_racing_a_turn_completion_has_one_winner(f: &Fixture) -> anyhow
                     .finish_segment(
                         &segment.lease.fence(),
                         &turn,
-                        segment.segment,
                         completed(vec![json!({"round": round})]),
                         None,
                     )
@@ -2833,7 +2831,7 @@ async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
         items: items.clone(),
     };
     let (end, uncertain) = store
-        .finish_segment(&fence, "t1", 0, outcome.clone(), None)
+        .finish_segment(&fence, "t1", outcome.clone(), None)
         .await?;
     ensure!(end == SegmentEnd::Applied && uncertain == 0, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -2864,7 +2862,7 @@ async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
         }
     );
     expect_err!(
-        store.finish_segment(&fence, "t1", 0, outcome, None).await,
+        store.finish_segment(&fence, "t1", outcome, None).await,
         StoreError::StaleGeneration {
             reason: StaleReason::NotHeld,
             ..
@@ -2888,7 +2886,7 @@ async fn a_failed_segment_fails_the_turn(f: &Fixture) -> anyhow::Result<()> {
         message: "the model is unavailable".into(),
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", 0, outcome, None)
+        .finish_segment(&segment.lease.fence(), "t1", outcome, None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     let s = store.get_session("s1").await?;
@@ -2914,7 +2912,7 @@ async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
         effect_ids: vec!["a1".into()],
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", 0, waiting, None)
+        .finish_segment(&segment.lease.fence(), "t1", waiting, None)
         .await?;
     ensure!(end == SegmentEnd::Applied, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -2953,7 +2951,7 @@ async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
         effect_ids: vec!["a2".into()],
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", segment.segment, waiting, None)
+        .finish_segment(&segment.lease.fence(), "t1", waiting, None)
         .await?;
     ensure!(end == SegmentEnd::RunAgain, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -2977,7 +2975,6 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t1",
-            0,
             completed(vec![json!("late")]),
             None,
         )
@@ -2998,7 +2995,6 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t2",
-            0,
             SegmentOutcome::Cancelled,
             Some("shutting down"),
         )
@@ -3015,7 +3011,6 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t2",
-            0,
             SegmentOutcome::Cancelled,
             Some("shutting down"),
         )
@@ -3042,7 +3037,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     tokio::time::sleep(PAST_SHORT).await;
     // Expired, but nobody took over: it still finishes.
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", 0, completed(vec![]), None)
+        .finish_segment(&segment.lease.fence(), "t1", completed(vec![]), None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     ensure!(store.get_session("s1").await?.status == SessionStatus::Completed);
@@ -3056,7 +3051,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     ensure!(new.lease.generation == old.lease.generation + 1);
     expect_err!(
         store
-            .finish_segment(&old.lease.fence(), "t2", 0, completed(vec![]), None)
+            .finish_segment(&old.lease.fence(), "t2", completed(vec![]), None)
             .await,
         StoreError::StaleGeneration {
             reason: StaleReason::Superseded,
@@ -3068,7 +3063,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     ensure!(s.owner.is_some_and(|o| o.replica_id == "r2"), "r2 keeps it");
     let (end, _) = f
         .peer
-        .finish_segment(&new.lease.fence(), "t2", 0, completed(vec![]), None)
+        .finish_segment(&new.lease.fence(), "t2", completed(vec![]), None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     Ok(())
