@@ -35,6 +35,10 @@ pub struct Config {
     pub sse_send_timeout: Duration,
     /// What the background retention pass removes (`[retention]`).
     pub retention: Retention,
+    /// What one client may hold of the server (`[limits]`, see [`crate::limits`]).
+    pub limits: crate::limits::Limits,
+    /// The log format (`logFormat`, `text` by default; `CORRAL_LOG_FORMAT` overrides it).
+    pub log_format: Option<crate::logging::LogFormat>,
 }
 
 /// The `[retention]` table: when sessions close and expire, what history and records are
@@ -206,6 +210,9 @@ struct RawConfig {
     sse_send_timeout_ms: Option<u64>,
     #[serde(default)]
     retention: RawRetention,
+    #[serde(default)]
+    limits: crate::limits::RawLimits,
+    log_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -294,6 +301,14 @@ impl Config {
                 Config::DEFAULT_SEND_TIMEOUT,
             )?,
             retention: raw.retention.validate()?,
+            limits: raw.limits.validate()?,
+            log_format: match raw.log_format.as_deref() {
+                None => None,
+                Some(text) => Some(
+                    crate::logging::LogFormat::parse(text)
+                        .map_err(|problem| field("logFormat", problem))?,
+                ),
+            },
         };
         config.validate()?;
         Ok(config)
@@ -315,6 +330,8 @@ impl Config {
             sse_keep_alive: Config::DEFAULT_KEEP_ALIVE,
             sse_send_timeout: Config::DEFAULT_SEND_TIMEOUT,
             retention: Retention::default(),
+            limits: crate::limits::Limits::default(),
+            log_format: None,
         };
         config.validate()?;
         Ok(config)

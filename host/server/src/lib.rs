@@ -33,6 +33,8 @@ pub mod auth;
 pub mod chat_runner;
 pub mod config;
 pub mod error;
+pub mod limits;
+pub mod logging;
 pub mod manifest;
 pub mod metrics;
 pub mod openapi;
@@ -143,9 +145,9 @@ impl Server {
             }
         };
         let app = routes::router(Arc::clone(&runtime), hub);
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .await;
+        let limits = runtime.config().limits.clone();
+        let served =
+            limits::serve(listener, app, limits, Arc::clone(&runtime.metrics), signal).await;
         runtime.closing.store(true, Ordering::SeqCst);
         runtime.shutdown.cancel();
         tasks.close();

@@ -59,6 +59,53 @@ pub struct Metrics {
     store_errors: [AtomicU64; 4],
     pruned: [AtomicU64; 6],
     retention_passes: AtomicU64,
+    connections: AtomicI64,
+    connections_refused: AtomicU64,
+    connections_timed_out: [AtomicU64; 2],
+    /// Requests refused by a per-client limit, by limit and tenant.
+    rate_limited: Labelled,
+}
+
+/// Why the watchdog closed connections (see [`crate::limits`]).
+const CONNECTION_TIMEOUTS: &[&str] = &["header_read", "idle"];
+
+/// A counter family with free label values (tenants, agents), kept in order for rendering.
+#[derive(Debug, Default)]
+pub(crate) struct Labelled(std::sync::Mutex<std::collections::BTreeMap<Vec<String>, u64>>);
+
+impl Labelled {
+    fn add(&self, labels: &[&str], by: u64) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *map.entry(labels.iter().map(|l| (*l).to_owned()).collect())
+            .or_insert(0) += by;
+    }
+
+    /// Writes `name{k1="v1",...} n` for every label set.
+    fn render(&self, out: &mut String, name: &str, keys: &[&str]) {
+        let map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (values, count) in map.iter() {
+            let labels: Vec<String> = keys
+                .iter()
+                .zip(values)
+                .map(|(key, value)| format!("{key}=\"{}\"", escape(value)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {count}", labels.join(","));
+        }
+    }
+}
+
+/// A label value as the Prometheus text format writes it.
+pub(crate) fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn bump(names: &[&str], counters: &[AtomicU64], name: &str, by: u64) {
@@ -114,6 +161,26 @@ impl Metrics {
         ] {
             bump(PRUNED, &self.pruned, name, count);
         }
+    }
+    /// A connection opened (`+1`) or closed (`-1`).
+    pub fn connection(&self, delta: i64) {
+        self.connections.fetch_add(delta, Ordering::Relaxed);
+    }
+    /// A connection over `maxConnections` was answered 503 and closed.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The watchdog closed a connection (`header_read` or `idle`).
+    pub fn connection_timed_out(&self, reason: &str) {
+        bump(CONNECTION_TIMEOUTS, &self.connections_timed_out, reason, 1);
+    }
+    /// A request was refused by a per-client limit (`commands` or `sse_streams`).
+    pub fn rate_limited(&self, limit: &str, tenant: &str) {
+        self.rate_limited.add(&[limit, tenant], 1);
+    }
+    /// Open connections.
+    pub fn open_connections(&self) -> i64 {
+        self.connections.load(Ordering::Relaxed)
     }
     /// Open SSE streams.
     pub fn open_streams(&self) -> i64 {
@@ -287,6 +354,44 @@ impl Metrics {
                 load(counter)
             );
         }
+        family(&mut out, "corral_connections", "gauge", "Open connections.");
+        let _ = writeln!(
+            out,
+            "corral_connections {}",
+            self.connections.load(Ordering::Relaxed)
+        );
+        family(
+            &mut out,
+            "corral_connections_refused_total",
+            "counter",
+            "Connections over maxConnections, answered 503 and closed.",
+        );
+        let _ = writeln!(
+            out,
+            "corral_connections_refused_total {}",
+            load(&self.connections_refused)
+        );
+        family(
+            &mut out,
+            "corral_connections_timed_out_total",
+            "counter",
+            "Connections closed for a slow request head (header_read) or idleness (idle).",
+        );
+        for (name, counter) in CONNECTION_TIMEOUTS.iter().zip(&self.connections_timed_out) {
+            let _ = writeln!(
+                out,
+                "corral_connections_timed_out_total{{reason=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
+        family(
+            &mut out,
+            "corral_rate_limited_total",
+            "counter",
+            "Requests refused with 429, by limit (commands, sse_streams) and tenant.",
+        );
+        self.rate_limited
+            .render(&mut out, "corral_rate_limited_total", &["limit", "tenant"]);
         out
     }
 }
