@@ -77,11 +77,9 @@ impl FromRequestParts<Arc<Runtime>> for Caller {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer TOKEN`".to_owned())
             })?;
-        match runtime.config().authenticate(token) {
-            Some(Role::Application { tenant }) => Ok(Caller::Application {
-                tenant: tenant.clone(),
-            }),
-            Some(Role::Executor(scope)) => Ok(Caller::Executor(scope.clone())),
+        match runtime.tokens.authenticate(token).map(|found| found.role) {
+            Some(Role::Application { tenant }) => Ok(Caller::Application { tenant }),
+            Some(Role::Executor(scope)) => Ok(Caller::Executor(scope)),
             None => Err(ApiError::Unauthorized("the token is not valid".to_owned())),
         }
     }

@@ -45,6 +45,7 @@ mod scheduler;
 pub mod script;
 pub mod sse;
 pub mod tenancy;
+pub mod tokens;
 pub mod wire;
 
 use std::future::Future;
@@ -88,6 +89,11 @@ impl Server {
     /// The store the server uses.
     pub fn store(&self) -> Arc<dyn Store> {
         Arc::clone(&self.runtime.store)
+    }
+
+    /// A handle that replaces the running server's tokens (SIGHUP in `corral serve`).
+    pub fn token_reloader(&self) -> tokens::TokenReloader {
+        tokens::TokenReloader(Arc::clone(&self.runtime))
     }
 
     /// This process's replica id.

@@ -40,6 +40,8 @@ pub struct Runtime {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) runner: Arc<dyn TurnRunner>,
     config: Config,
+    /// The credentials in force (replaced on SIGHUP; `config.tokens` is the start's).
+    pub(crate) tokens: crate::tokens::TokenTable,
     pub(crate) replica_id: String,
     pub(crate) metrics: Arc<Metrics>,
     /// Turn segments running in this process, by session.
@@ -64,6 +66,7 @@ impl Runtime {
         Runtime {
             store,
             runner,
+            tokens: crate::tokens::TokenTable::new(config.tokens.clone()),
             config,
             replica_id: format!("replica-{}", uuid::Uuid::new_v4()),
             metrics,
