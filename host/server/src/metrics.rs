@@ -28,6 +28,7 @@ const STORE_OPERATIONS: &[&str] = &[
     "finish_segment",
     "expire_action_claims",
     "apply_retention",
+    "count_sessions",
 ];
 /// What retention removed.
 const PRUNED: &[&str] = &[
@@ -46,9 +47,11 @@ const BUCKETS: &[f64] = &[
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    commands: [AtomicU64; 6],
+    /// Accepted commands, by tenant and type.
+    commands: Labelled,
     command_rejections: AtomicU64,
-    turns: [AtomicU64; 7],
+    /// Ended turn segments, by tenant, agent and outcome.
+    turns: Labelled,
     effects: [AtomicU64; 4],
     lease_expiries: AtomicU64,
     sse_streams: AtomicI64,
@@ -56,7 +59,7 @@ pub struct Metrics {
     store_buckets: [AtomicU64; 10],
     store_count: AtomicU64,
     store_micros: AtomicU64,
-    store_errors: [AtomicU64; 4],
+    store_errors: [AtomicU64; 5],
     pruned: [AtomicU64; 6],
     retention_passes: AtomicU64,
     connections: AtomicI64,
@@ -115,17 +118,21 @@ fn bump(names: &[&str], counters: &[AtomicU64], name: &str, by: u64) {
 }
 
 impl Metrics {
-    /// An accepted command of `kind`.
-    pub fn command(&self, kind: &str) {
-        bump(COMMANDS, &self.commands, kind, 1);
+    /// An accepted command of `kind` on a session of `tenant`.
+    pub fn command(&self, tenant: &str, kind: &str) {
+        if COMMANDS.contains(&kind) {
+            self.commands.add(&[tenant, kind], 1);
+        }
     }
     /// A refused command.
     pub fn command_rejected(&self) {
         self.command_rejections.fetch_add(1, Ordering::Relaxed);
     }
-    /// A turn segment ended with `outcome`.
-    pub fn turn(&self, outcome: &str) {
-        bump(OUTCOMES, &self.turns, outcome, 1);
+    /// A turn segment of `agent` on a session of `tenant` ended with `outcome`.
+    pub fn turn(&self, tenant: &str, agent: &str, outcome: &str) {
+        if OUTCOMES.contains(&outcome) {
+            self.turns.add(&[tenant, agent, outcome], 1);
+        }
     }
     /// `count` effects moved to `status`.
     pub fn effects(&self, status: &str, count: usize) {
@@ -205,8 +212,13 @@ impl Metrics {
         );
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition, without the session gauges (see [`scrape`]).
     pub fn render(&self) -> String {
+        self.render_with(None)
+    }
+
+    /// The Prometheus text exposition; with `sessions`, the `corral_sessions` gauges.
+    pub fn render_with(&self, sessions: Option<&[corral_store::SessionCount]>) -> String {
         let mut out = String::new();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let family = |out: &mut String, name: &str, kind: &str, help: &str| {
@@ -216,15 +228,10 @@ impl Metrics {
             &mut out,
             "corral_commands_total",
             "counter",
-            "Commands accepted, by type.",
+            "Commands accepted, by tenant and type.",
         );
-        for (name, counter) in COMMANDS.iter().zip(&self.commands) {
-            let _ = writeln!(
-                out,
-                "corral_commands_total{{type=\"{name}\"}} {}",
-                load(counter)
-            );
-        }
+        self.commands
+            .render(&mut out, "corral_commands_total", &["tenant", "type"]);
         family(
             &mut out,
             "corral_command_rejections_total",
@@ -240,14 +247,31 @@ impl Metrics {
             &mut out,
             "corral_turns_total",
             "counter",
-            "Turn segments ended, by outcome.",
+            "Turn segments ended, by tenant, agent and outcome.",
         );
-        for (name, counter) in OUTCOMES.iter().zip(&self.turns) {
-            let _ = writeln!(
-                out,
-                "corral_turns_total{{outcome=\"{name}\"}} {}",
-                load(counter)
+        self.turns.render(
+            &mut out,
+            "corral_turns_total",
+            &["tenant", "agent", "outcome"],
+        );
+        if let Some(sessions) = sessions {
+            family(
+                &mut out,
+                "corral_sessions",
+                "gauge",
+                "Sessions that wait on someone (paused, waiting, uncertain), by tenant, agent and \
+                 status, counted in the store at each scrape.",
             );
+            for count in sessions {
+                let _ = writeln!(
+                    out,
+                    "corral_sessions{{tenant=\"{}\",agent=\"{}\",status=\"{}\"}} {}",
+                    escape(&count.tenant_id),
+                    escape(&count.agent_id),
+                    count.status.as_str(),
+                    count.sessions
+                );
+            }
         }
         family(
             &mut out,
@@ -393,5 +417,28 @@ impl Metrics {
         self.rate_limited
             .render(&mut out, "corral_rate_limited_total", &["limit", "tenant"]);
         out
+    }
+}
+
+/// The statuses `corral_sessions` counts: sessions waiting on a person or a system.
+pub const GAUGED_STATUSES: &[corral_store::SessionStatus] = &[
+    corral_store::SessionStatus::Paused,
+    corral_store::SessionStatus::Waiting,
+    corral_store::SessionStatus::Uncertain,
+];
+
+/// `/metrics`: the counters, and the session gauges counted in the store now (one grouped
+/// query; when it fails the gauges are left out and `count_sessions` errors counted).
+pub(crate) async fn scrape(runtime: &crate::runtime::Runtime) -> String {
+    match runtime
+        .timed(runtime.store.count_sessions(GAUGED_STATUSES))
+        .await
+    {
+        Ok(counts) => runtime.metrics.render_with(Some(&counts)),
+        Err(error) => {
+            tracing::warn!(%error, "counting sessions for /metrics failed");
+            runtime.metrics.store_error("count_sessions");
+            runtime.metrics.render()
+        }
     }
 }

@@ -287,7 +287,7 @@ pub(crate) async fn metrics(
 ) -> Result<Response, ApiError> {
     Ok((
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.runtime.metrics.render(),
+        crate::metrics::scrape(&state.runtime).await,
     )
         .into_response())
 }

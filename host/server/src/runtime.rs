@@ -364,7 +364,8 @@ impl Runtime {
             .command_inner(caller, asked, session_id, &command, raw)
             .await;
         match &result {
-            Ok(_) => self.metrics.command(command.kind()),
+            // Counted where the session's tenant is known (`command_inner`).
+            Ok(_) => {}
             Err(_) => self.metrics.command_rejected(),
         }
         result
@@ -490,6 +491,8 @@ impl Runtime {
                 StoreError::Forbidden { reason } => ApiError::Forbidden(reason),
                 other => ApiError::from_store("run command", other),
             })?;
+        let tenant = session_id.split_once('/').map_or("", |(tenant, _)| tenant);
+        self.metrics.command(tenant, command.kind());
         if !receipt.replayed {
             self.metrics.effects("uncertain", receipt.effects_uncertain);
             match command {

@@ -132,6 +132,10 @@ async fn run_segment(
     };
     let turn_id = segment.turn_id.clone();
     let number = segment.segment;
+    let (tenant, agent) = (
+        segment.session.tenant_id.clone(),
+        segment.session.agent_id.clone(),
+    );
     let job = TurnJob {
         store: Arc::clone(&store),
         session: segment.session,
@@ -152,7 +156,9 @@ async fn run_segment(
             }
         }
     };
-    runtime.metrics.turn(outcome_name(&outcome, &cancel));
+    runtime
+        .metrics
+        .turn(&tenant, &agent, outcome_name(&outcome, &cancel));
     // Aborted by the shutdown: what the segment had in flight may or may not happen. Said now,
     // under the lease, rather than when the next start claims the session.
     let shut_down = runtime
