@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 mod catalog_cmd;
 mod chat;
 mod exec;
+mod logging;
 mod mcp_args;
 mod serve;
 mod webhook;

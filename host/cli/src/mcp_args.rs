@@ -28,11 +28,6 @@ pub struct McpFlags {
 }
 
 impl McpFlags {
-    /// Whether no server is declared.
-    pub fn is_empty(&self) -> bool {
-        self.mcp.is_empty() && self.mcp_url.is_empty() && self.mcp_config.is_empty()
-    }
-
     /// The declared servers, checked.
     pub fn servers(&self) -> Result<Vec<McpServerConfig>, String> {
         parse_servers(&self.mcp, &self.mcp_url, &self.mcp_config)
@@ -47,18 +42,11 @@ impl McpFlags {
         McpHub::new(Arc::new(EnvSecretResolver::default()), options)
     }
 
-    /// Sends MCP servers' stderr and notices to our stderr when servers are declared
-    /// (`RUST_LOG=corral_mcp=info` shows every stderr line of the servers).
+    /// Installs the logs (crate::logging: `CORRAL_LOG`, `CORRAL_LOG_FORMAT`); by default only
+    /// MCP servers' warnings (`CORRAL_LOG=corral_mcp=info` shows every stderr line of the
+    /// servers).
     pub fn init_logging(&self) {
-        if self.is_empty() {
-            return;
-        }
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("corral_mcp=warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
+        crate::logging::init("corral_mcp=warn", None);
     }
 }
 

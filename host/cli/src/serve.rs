@@ -60,15 +60,16 @@ pub fn manifest_hash_command(file: &Path) -> ExitCode {
     }
 }
 
-/// Runs `corral serve` until SIGINT or SIGTERM.
+/// Runs `corral serve` until SIGINT or SIGTERM (SIGHUP reloads the tokens).
 pub fn run(args: ServeArgs) -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .try_init();
+    let loaded = match load(&args) {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            eprintln!("corral serve: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    crate::logging::init("warn", loaded.config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -79,13 +80,87 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args)) {
+    match runtime.block_on(serve(args, loaded)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("corral serve: {error:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The configuration to start with: the file's, or the demo's.
+struct Loaded {
+    config: Config,
+    /// The demo's token and folder.
+    demo: Option<(String, PathBuf)>,
+}
+
+fn load(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    if args.demo {
+        let folder = args.demo_dir.clone();
+        let token = demo_token(&folder, args.fresh)?;
+        let config = Config::new(
+            args.listen,
+            StoreLocation::Sqlite(folder.join("corral.db")),
+            Config::DEFAULT_LEASE,
+            vec![TokenConfig::application(&token, None).named("demo")],
+        )?;
+        return Ok(Loaded {
+            config,
+            demo: Some((token, folder)),
+        });
+    }
+    let path = args
+        .config
+        .as_deref()
+        .context("--config FILE is required")?;
+    Ok(Loaded {
+        config: Config::from_file(path)?,
+        demo: None,
+    })
+}
+
+/// Reloads the tokens from `path` on every SIGHUP, until the process ends. A file that does not
+/// validate is logged and changes nothing.
+fn reload_on_hangup(path: Option<PathBuf>, reloader: corral_server::tokens::TokenReloader) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; tokens will not be reloaded");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let Some(path) = &path else {
+                tracing::warn!("SIGHUP: the demo has no configuration file to reload");
+                continue;
+            };
+            match Config::from_file(path) {
+                Ok(config) => {
+                    let reloaded = reloader.reload(&config);
+                    tracing::info!(
+                        tokens = reloaded.tokens,
+                        path = %path.display(),
+                        "SIGHUP: tokens reloaded"
+                    );
+                    if !reloaded.needs_restart.is_empty() {
+                        tracing::warn!(
+                            settings = ?reloaded.needs_restart,
+                            "SIGHUP: only tokens are reloaded; these changed settings take effect at the next start"
+                        );
+                    }
+                }
+                Err(error) => tracing::error!(
+                    %error,
+                    path = %path.display(),
+                    "SIGHUP: the configuration is invalid; keeping the current tokens"
+                ),
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    let _ = (path, reloader);
 }
 
 /// The turn engine: the chat runtime, with scripts in one sandbox for the process.
@@ -122,24 +197,8 @@ async fn open_store(location: &StoreLocation) -> anyhow::Result<Arc<dyn Store>> 
     })
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let (config, demo) = if args.demo {
-        let folder = args.demo_dir.clone();
-        let token = demo_token(&folder, args.fresh)?;
-        let config = Config::new(
-            args.listen,
-            StoreLocation::Sqlite(folder.join("corral.db")),
-            Config::DEFAULT_LEASE,
-            vec![TokenConfig::application(&token, None).named("demo")],
-        )?;
-        (config, Some((token, folder)))
-    } else {
-        let path = args
-            .config
-            .as_deref()
-            .context("--config FILE is required")?;
-        (Config::from_file(path)?, None)
-    };
+async fn serve(args: ServeArgs, loaded: Loaded) -> anyhow::Result<()> {
+    let Loaded { config, demo } = loaded;
     let store = open_store(&config.store).await?;
     if let Some((token, _)) = &demo {
         let text = std::fs::read_to_string(&args.agent)
@@ -174,6 +233,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let runner = runner(&config, &hub)?;
     let server = Server::new(config, Arc::clone(&store), runner);
+    reload_on_hangup(args.config.clone(), server.token_reloader());
     println!("listening on http://{address}");
     let served = server.run(listener, shutdown_signal()).await;
     hub.shutdown().await;

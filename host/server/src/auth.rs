@@ -100,16 +100,16 @@ impl FromRequestParts<Arc<Runtime>> for Caller {
                 ApiError::Unauthorized("the Authorization header must be `Bearer TOKEN`".to_owned())
             })?;
         let found = runtime
-            .config()
+            .tokens
             .authenticate(token)
             .ok_or_else(|| ApiError::Unauthorized("the token is not valid".to_owned()))?;
-        Ok(match &found.role {
+        Ok(match found.role {
             Role::Application { tenant } => Caller::Application {
-                tenant: tenant.clone(),
-                name: found.name.clone(),
+                tenant,
+                name: found.name,
                 grants: found.grants,
             },
-            Role::Executor(scope) => Caller::Executor(scope.clone()),
+            Role::Executor(scope) => Caller::Executor(scope),
         })
     }
 }

@@ -44,6 +44,10 @@ pub struct Config {
     /// This replica's stable name (`replicaName`): a restarted replica takes over the leases
     /// its previous incarnation held at once. Unique per replica; `None`: a new id per start.
     pub replica_name: Option<String>,
+    /// What one client may hold of the server (`[limits]`, see [`crate::limits`]).
+    pub limits: crate::limits::Limits,
+    /// The log format (`logFormat`, `text` by default; `CORRAL_LOG_FORMAT` overrides it).
+    pub log_format: Option<crate::logging::LogFormat>,
 }
 
 /// The `[retention]` table: when sessions close and expire, what history and records are
@@ -241,6 +245,9 @@ struct RawConfig {
     webhook_secret: Option<String>,
     shutdown_grace_ms: Option<u64>,
     replica_name: Option<String>,
+    #[serde(default)]
+    limits: crate::limits::RawLimits,
+    log_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -357,6 +364,14 @@ impl Config {
                 }
                 secret => secret,
             },
+            limits: raw.limits.validate()?,
+            log_format: match raw.log_format.as_deref() {
+                None => None,
+                Some(text) => Some(
+                    crate::logging::LogFormat::parse(text)
+                        .map_err(|problem| field("logFormat", problem))?,
+                ),
+            },
         };
         config.validate()?;
         Ok(config)
@@ -381,6 +396,8 @@ impl Config {
             webhook_secret: None,
             shutdown_grace: Config::DEFAULT_SHUTDOWN_GRACE,
             replica_name: None,
+            limits: crate::limits::Limits::default(),
+            log_format: None,
         };
         config.validate()?;
         Ok(config)

@@ -36,6 +36,15 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// 429 `too_many_requests`: over a per-client limit (a tenant's command rate, a token's
+    /// event streams; see [`crate::limits`]), with `Retry-After` when a wait is known.
+    #[error("{message}")]
+    TooManyRequests {
+        /// Which limit, and what to do.
+        message: String,
+        /// How long until the request would be accepted (the `Retry-After` header).
+        retry_after: Option<std::time::Duration>,
+    },
     /// 500 `internal_error`: logged with its cause, answered without it.
     #[error("internal error during {context}")]
     Internal {
@@ -55,7 +64,8 @@ pub struct ErrorBody {
     #[schema(example = "rejected")]
     pub status: String,
     /// One of `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `payload_too_large`, `internal_error`.
+    /// `method_not_allowed`, `conflict`, `payload_too_large`, `too_many_requests`,
+    /// `internal_error`, `overloaded`.
     pub code: ErrorCode,
     /// What went wrong (never internal details).
     pub message: String,
@@ -79,8 +89,13 @@ pub enum ErrorCode {
     Conflict,
     /// 413.
     PayloadTooLarge,
+    /// 429: a per-client limit (`Retry-After` says when to try again, if known).
+    TooManyRequests,
     /// 500.
     InternalError,
+    /// 503: the server is at its connection cap (`maxConnections`); sent before the request
+    /// is read, so it belongs to no route.
+    Overloaded,
 }
 
 impl ErrorCode {
@@ -93,7 +108,9 @@ impl ErrorCode {
         (ErrorCode::MethodNotAllowed, 405),
         (ErrorCode::Conflict, 409),
         (ErrorCode::PayloadTooLarge, 413),
+        (ErrorCode::TooManyRequests, 429),
         (ErrorCode::InternalError, 500),
+        (ErrorCode::Overloaded, 503),
     ];
 
     /// The text on the wire.
@@ -106,7 +123,9 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Conflict => "conflict",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::TooManyRequests => "too_many_requests",
             ErrorCode::InternalError => "internal_error",
+            ErrorCode::Overloaded => "overloaded",
         }
     }
 
@@ -141,6 +160,9 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, ErrorCode::Conflict),
             ApiError::PayloadTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge)
+            }
+            ApiError::TooManyRequests { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, ErrorCode::TooManyRequests)
             }
             ApiError::Internal { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::InternalError)
@@ -186,6 +208,17 @@ impl IntoResponse for ApiError {
             code,
             message,
         };
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if let ApiError::TooManyRequests {
+            retry_after: Some(wait),
+            ..
+        } = &self
+        {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                crate::limits::retry_after_header(*wait),
+            );
+        }
+        response
     }
 }

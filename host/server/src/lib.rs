@@ -33,6 +33,8 @@ pub mod auth;
 pub mod chat_runner;
 pub mod config;
 pub mod error;
+pub mod limits;
+pub mod logging;
 pub mod manifest;
 pub mod metrics;
 pub mod openapi;
@@ -43,6 +45,7 @@ mod scheduler;
 pub mod script;
 pub mod sse;
 pub mod tenancy;
+pub mod tokens;
 pub mod wire;
 
 use std::future::Future;
@@ -86,6 +89,11 @@ impl Server {
     /// The store the server uses.
     pub fn store(&self) -> Arc<dyn Store> {
         Arc::clone(&self.runtime.store)
+    }
+
+    /// A handle that replaces the running server's tokens (SIGHUP in `corral serve`).
+    pub fn token_reloader(&self) -> tokens::TokenReloader {
+        tokens::TokenReloader(Arc::clone(&self.runtime))
     }
 
     /// This process's replica id.
@@ -160,9 +168,9 @@ impl Server {
             }
         };
         let app = routes::router(Arc::clone(&runtime), hub);
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .await;
+        let limits = runtime.config().limits.clone();
+        let served =
+            limits::serve(listener, app, limits, Arc::clone(&runtime.metrics), signal).await;
         runtime.closing.store(true, Ordering::SeqCst);
         runtime.shutdown.cancel();
         tasks.close();

@@ -28,6 +28,7 @@ const STORE_OPERATIONS: &[&str] = &[
     "finish_segment",
     "expire_action_claims",
     "apply_retention",
+    "count_sessions",
 ];
 /// What retention removed.
 const PRUNED: &[&str] = &[
@@ -46,9 +47,11 @@ const BUCKETS: &[f64] = &[
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    commands: [AtomicU64; 6],
+    /// Accepted commands, by tenant and type.
+    commands: Labelled,
     command_rejections: AtomicU64,
-    turns: [AtomicU64; 7],
+    /// Ended turn segments, by tenant, agent and outcome.
+    turns: Labelled,
     effects: [AtomicU64; 4],
     lease_expiries: AtomicU64,
     sse_streams: AtomicI64,
@@ -56,9 +59,56 @@ pub struct Metrics {
     store_buckets: [AtomicU64; 10],
     store_count: AtomicU64,
     store_micros: AtomicU64,
-    store_errors: [AtomicU64; 4],
+    store_errors: [AtomicU64; 5],
     pruned: [AtomicU64; 6],
     retention_passes: AtomicU64,
+    connections: AtomicI64,
+    connections_refused: AtomicU64,
+    connections_timed_out: [AtomicU64; 2],
+    /// Requests refused by a per-client limit, by limit and tenant.
+    rate_limited: Labelled,
+}
+
+/// Why the watchdog closed connections (see [`crate::limits`]).
+const CONNECTION_TIMEOUTS: &[&str] = &["header_read", "idle"];
+
+/// A counter family with free label values (tenants, agents), kept in order for rendering.
+#[derive(Debug, Default)]
+pub(crate) struct Labelled(std::sync::Mutex<std::collections::BTreeMap<Vec<String>, u64>>);
+
+impl Labelled {
+    fn add(&self, labels: &[&str], by: u64) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *map.entry(labels.iter().map(|l| (*l).to_owned()).collect())
+            .or_insert(0) += by;
+    }
+
+    /// Writes `name{k1="v1",...} n` for every label set.
+    fn render(&self, out: &mut String, name: &str, keys: &[&str]) {
+        let map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (values, count) in map.iter() {
+            let labels: Vec<String> = keys
+                .iter()
+                .zip(values)
+                .map(|(key, value)| format!("{key}=\"{}\"", escape(value)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {count}", labels.join(","));
+        }
+    }
+}
+
+/// A label value as the Prometheus text format writes it.
+pub(crate) fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn bump(names: &[&str], counters: &[AtomicU64], name: &str, by: u64) {
@@ -68,17 +118,21 @@ fn bump(names: &[&str], counters: &[AtomicU64], name: &str, by: u64) {
 }
 
 impl Metrics {
-    /// An accepted command of `kind`.
-    pub fn command(&self, kind: &str) {
-        bump(COMMANDS, &self.commands, kind, 1);
+    /// An accepted command of `kind` on a session of `tenant`.
+    pub fn command(&self, tenant: &str, kind: &str) {
+        if COMMANDS.contains(&kind) {
+            self.commands.add(&[tenant, kind], 1);
+        }
     }
     /// A refused command.
     pub fn command_rejected(&self) {
         self.command_rejections.fetch_add(1, Ordering::Relaxed);
     }
-    /// A turn segment ended with `outcome`.
-    pub fn turn(&self, outcome: &str) {
-        bump(OUTCOMES, &self.turns, outcome, 1);
+    /// A turn segment of `agent` on a session of `tenant` ended with `outcome`.
+    pub fn turn(&self, tenant: &str, agent: &str, outcome: &str) {
+        if OUTCOMES.contains(&outcome) {
+            self.turns.add(&[tenant, agent, outcome], 1);
+        }
     }
     /// `count` effects moved to `status`.
     pub fn effects(&self, status: &str, count: usize) {
@@ -115,6 +169,26 @@ impl Metrics {
             bump(PRUNED, &self.pruned, name, count);
         }
     }
+    /// A connection opened (`+1`) or closed (`-1`).
+    pub fn connection(&self, delta: i64) {
+        self.connections.fetch_add(delta, Ordering::Relaxed);
+    }
+    /// A connection over `maxConnections` was answered 503 and closed.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The watchdog closed a connection (`header_read` or `idle`).
+    pub fn connection_timed_out(&self, reason: &str) {
+        bump(CONNECTION_TIMEOUTS, &self.connections_timed_out, reason, 1);
+    }
+    /// A request was refused by a per-client limit (`commands` or `sse_streams`).
+    pub fn rate_limited(&self, limit: &str, tenant: &str) {
+        self.rate_limited.add(&[limit, tenant], 1);
+    }
+    /// Open connections.
+    pub fn open_connections(&self) -> i64 {
+        self.connections.load(Ordering::Relaxed)
+    }
     /// Open SSE streams.
     pub fn open_streams(&self) -> i64 {
         self.sse_streams.load(Ordering::Relaxed)
@@ -138,8 +212,13 @@ impl Metrics {
         );
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition, without the session gauges (see [`scrape`]).
     pub fn render(&self) -> String {
+        self.render_with(None)
+    }
+
+    /// The Prometheus text exposition; with `sessions`, the `corral_sessions` gauges.
+    pub fn render_with(&self, sessions: Option<&[corral_store::SessionCount]>) -> String {
         let mut out = String::new();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let family = |out: &mut String, name: &str, kind: &str, help: &str| {
@@ -149,15 +228,10 @@ impl Metrics {
             &mut out,
             "corral_commands_total",
             "counter",
-            "Commands accepted, by type.",
+            "Commands accepted, by tenant and type.",
         );
-        for (name, counter) in COMMANDS.iter().zip(&self.commands) {
-            let _ = writeln!(
-                out,
-                "corral_commands_total{{type=\"{name}\"}} {}",
-                load(counter)
-            );
-        }
+        self.commands
+            .render(&mut out, "corral_commands_total", &["tenant", "type"]);
         family(
             &mut out,
             "corral_command_rejections_total",
@@ -173,14 +247,31 @@ impl Metrics {
             &mut out,
             "corral_turns_total",
             "counter",
-            "Turn segments ended, by outcome.",
+            "Turn segments ended, by tenant, agent and outcome.",
         );
-        for (name, counter) in OUTCOMES.iter().zip(&self.turns) {
-            let _ = writeln!(
-                out,
-                "corral_turns_total{{outcome=\"{name}\"}} {}",
-                load(counter)
+        self.turns.render(
+            &mut out,
+            "corral_turns_total",
+            &["tenant", "agent", "outcome"],
+        );
+        if let Some(sessions) = sessions {
+            family(
+                &mut out,
+                "corral_sessions",
+                "gauge",
+                "Sessions that wait on someone (paused, waiting, uncertain), by tenant, agent and \
+                 status, counted in the store at each scrape.",
             );
+            for count in sessions {
+                let _ = writeln!(
+                    out,
+                    "corral_sessions{{tenant=\"{}\",agent=\"{}\",status=\"{}\"}} {}",
+                    escape(&count.tenant_id),
+                    escape(&count.agent_id),
+                    count.status.as_str(),
+                    count.sessions
+                );
+            }
         }
         family(
             &mut out,
@@ -287,6 +378,67 @@ impl Metrics {
                 load(counter)
             );
         }
+        family(&mut out, "corral_connections", "gauge", "Open connections.");
+        let _ = writeln!(
+            out,
+            "corral_connections {}",
+            self.connections.load(Ordering::Relaxed)
+        );
+        family(
+            &mut out,
+            "corral_connections_refused_total",
+            "counter",
+            "Connections over maxConnections, answered 503 and closed.",
+        );
+        let _ = writeln!(
+            out,
+            "corral_connections_refused_total {}",
+            load(&self.connections_refused)
+        );
+        family(
+            &mut out,
+            "corral_connections_timed_out_total",
+            "counter",
+            "Connections closed for a slow request head (header_read) or idleness (idle).",
+        );
+        for (name, counter) in CONNECTION_TIMEOUTS.iter().zip(&self.connections_timed_out) {
+            let _ = writeln!(
+                out,
+                "corral_connections_timed_out_total{{reason=\"{name}\"}} {}",
+                load(counter)
+            );
+        }
+        family(
+            &mut out,
+            "corral_rate_limited_total",
+            "counter",
+            "Requests refused with 429, by limit (commands, sse_streams) and tenant.",
+        );
+        self.rate_limited
+            .render(&mut out, "corral_rate_limited_total", &["limit", "tenant"]);
         out
+    }
+}
+
+/// The statuses `corral_sessions` counts: sessions waiting on a person or a system.
+pub const GAUGED_STATUSES: &[corral_store::SessionStatus] = &[
+    corral_store::SessionStatus::Paused,
+    corral_store::SessionStatus::Waiting,
+    corral_store::SessionStatus::Uncertain,
+];
+
+/// `/metrics`: the counters, and the session gauges counted in the store now (one grouped
+/// query; when it fails the gauges are left out and `count_sessions` errors counted).
+pub(crate) async fn scrape(runtime: &crate::runtime::Runtime) -> String {
+    match runtime
+        .timed(runtime.store.count_sessions(GAUGED_STATUSES))
+        .await
+    {
+        Ok(counts) => runtime.metrics.render_with(Some(&counts)),
+        Err(error) => {
+            tracing::warn!(%error, "counting sessions for /metrics failed");
+            runtime.metrics.store_error("count_sessions");
+            runtime.metrics.render()
+        }
     }
 }

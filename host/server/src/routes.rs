@@ -81,13 +81,22 @@ pub fn routes() -> Vec<(String, String)> {
 }
 
 /// The router: [`table`] with the fallbacks (404, and 405 with `Allow` for a known path).
+/// Around every route: the per-client limits ([`crate::limits`], a route layer that sees
+/// the matched route); around everything: the request's span and its `X-Request-Id`
+/// ([`crate::logging`]).
 pub(crate) fn router(runtime: Arc<Runtime>, hub: Arc<Hub>) -> Router {
+    let limits = crate::limits::ClientLimits::new(Arc::clone(&runtime));
     let state = AppState { runtime, hub };
     let (routes, _) = table().split_for_parts();
     routes
+        .route_layer(axum::middleware::from_fn_with_state(
+            limits,
+            crate::limits::limit_requests,
+        ))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(crate::logging::trace_layer())
+        .layer(axum::middleware::from_fn(crate::logging::request_id))
         .with_state(state)
 }
 
@@ -278,7 +287,7 @@ pub(crate) async fn metrics(
 ) -> Result<Response, ApiError> {
     Ok((
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.runtime.metrics.render(),
+        crate::metrics::scrape(&state.runtime).await,
     )
         .into_response())
 }
@@ -546,6 +555,8 @@ pub(crate) async fn erase_session(
         (status = 404, description = "Unknown session (or another tenant's), action or effect", body = ErrorBody),
         (status = 409, description = "Status rule, stale claim, or key bound to another command", body = ErrorBody),
         (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+        (status = 429, description = "The addressed tenant is over its command rate (`[limits]` commandsPerSecond and commandBurst); retry after `Retry-After` seconds", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds until the tenant's next command is accepted"))),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn post_command(
     State(state): State<AppState>,
@@ -626,6 +637,7 @@ fn cursor_of(text: &str) -> Result<u64, ApiError> {
         (status = 401, description = "No or unknown token", body = ErrorBody),
         (status = 403, description = "Executor token, or another tenant from a tenant token", body = ErrorBody),
         (status = 404, description = "Unknown, or another tenant's", body = ErrorBody),
+        (status = 429, description = "The token already has `sseStreamsPerToken` open streams", body = ErrorBody),
         (status = 500, description = "Internal error (no details)", body = ErrorBody)))]
 pub(crate) async fn get_events(
     State(state): State<AppState>,
@@ -660,7 +672,8 @@ pub(crate) async fn get_events(
         (status = 200, description = "Server-sent `work_available` events", content_type = "text/event-stream", body = String),
         (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 401, description = "No or unknown token", body = ErrorBody),
-        (status = 403, description = "Not an executor token", body = ErrorBody)))]
+        (status = 403, description = "Not an executor token", body = ErrorBody),
+        (status = 429, description = "The token already has `sseStreamsPerToken` open streams", body = ErrorBody)))]
 pub(crate) async fn executor_connect(
     State(state): State<AppState>,
     _caller: ExecutorCaller,

@@ -40,6 +40,8 @@ pub struct Runtime {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) runner: Arc<dyn TurnRunner>,
     config: Config,
+    /// The credentials in force (replaced on SIGHUP; `config.tokens` is the start's).
+    pub(crate) tokens: crate::tokens::TokenTable,
     pub(crate) replica_id: String,
     pub(crate) metrics: Arc<Metrics>,
     /// Turn segments running in this process, by session.
@@ -70,6 +72,7 @@ impl Runtime {
         Runtime {
             store,
             runner,
+            tokens: crate::tokens::TokenTable::new(config.tokens.clone()),
             config,
             replica_id,
             metrics,
@@ -532,7 +535,8 @@ impl Runtime {
             .command_inner(caller, asked, session_id, &command, raw)
             .await;
         match &result {
-            Ok(_) => self.metrics.command(command.kind()),
+            // Counted where the session's tenant is known (`command_inner`).
+            Ok(_) => {}
             Err(_) => self.metrics.command_rejected(),
         }
         result
@@ -661,6 +665,8 @@ impl Runtime {
                 StoreError::Forbidden { reason } => ApiError::Forbidden(reason),
                 other => ApiError::from_store("run command", other),
             })?;
+        let tenant = session_id.split_once('/').map_or("", |(tenant, _)| tenant);
+        self.metrics.command(tenant, command.kind());
         if !receipt.replayed {
             self.metrics.effects("uncertain", receipt.effects_uncertain);
             match command {

@@ -136,6 +136,10 @@ async fn run_segment(
         })
     };
     let turn_id = segment.turn_id.clone();
+    let (tenant, agent) = (
+        segment.session.tenant_id.clone(),
+        segment.session.agent_id.clone(),
+    );
     let job = TurnJob {
         store: Arc::clone(&store),
         session: segment.session,
@@ -156,7 +160,9 @@ async fn run_segment(
             }
         }
     };
-    runtime.metrics.turn(outcome_name(&outcome, &cancel));
+    runtime
+        .metrics
+        .turn(&tenant, &agent, outcome_name(&outcome, &cancel));
     // Aborted when the shutdown's grace period ended: what the segment had in flight may or
     // may not happen. Said now, under the lease, rather than when the next start claims it.
     let shut_down = runtime

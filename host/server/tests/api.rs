@@ -1412,8 +1412,8 @@ async fn metrics_count_commands_turns_and_streams() {
     let (status, text) = h.request("GET", "/metrics", Some(OPERATOR), None).await;
     assert_eq!(status, 200);
     for line in [
-        "corral_commands_total{type=\"message\"} 1",
-        "corral_turns_total{outcome=\"completed\"} 1",
+        "corral_commands_total{tenant=\"default\",type=\"message\"} 1",
+        "corral_turns_total{tenant=\"default\",agent=\"helper\",outcome=\"completed\"} 1",
         "corral_uncertain_total 0",
         "corral_lease_expiries_total 0",
         "corral_sse_streams 0",

@@ -19,7 +19,8 @@ use crate::model::{
     Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
     ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
     Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
-    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, StoreBackend,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
+    SessionStatus, StoreBackend,
 };
 use crate::store::Store;
 
@@ -353,6 +354,16 @@ impl<B: Backend> Store for B {
         let reason = in_flight_reason.map(str::to_owned);
         run!(self, "finish_segment", true, |tx| machine::finish_segment(
             tx, fence, turn_id, outcome, reason
+        ))
+    }
+
+    async fn count_sessions(
+        &self,
+        statuses: &[SessionStatus],
+    ) -> Result<Vec<SessionCount>, StoreError> {
+        let statuses = statuses.to_vec();
+        run!(self, "count_sessions", false, |tx| engine::count_sessions(
+            tx, &statuses
         ))
     }
 

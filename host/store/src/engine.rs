@@ -20,8 +20,8 @@ use crate::model::{
     BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
     CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
     HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewEvent,
-    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter,
-    SessionOwner, SessionStatus, Timestamp,
+    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount,
+    SessionFilter, SessionOwner, SessionStatus, Timestamp,
 };
 
 /// Row-level operations inside one open transaction.
@@ -146,6 +146,11 @@ pub(crate) trait Tx: Send {
         after: &str,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
+    /// Sessions in the comma-separated `statuses`, counted by tenant, agent and status.
+    fn session_counts(
+        &mut self,
+        statuses: &str,
+    ) -> impl Future<Output = Result<Vec<SessionCount>, StoreError>> + Send;
     /// Claimed actions whose lease ended at or before `now` (read without locks).
     fn expired_claims(
         &mut self,
@@ -1729,6 +1734,32 @@ pub(crate) fn status_list<S: Copy>(statuses: &[S], name: fn(S) -> &'static str) 
         .map(|status| name(*status))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+pub(crate) async fn count_sessions<T: Tx>(
+    tx: &mut T,
+    statuses: &[SessionStatus],
+) -> Result<Vec<SessionCount>, StoreError> {
+    if statuses.is_empty() {
+        return Ok(Vec::new());
+    }
+    tx.session_counts(&status_list(statuses, SessionStatus::as_str))
+        .await
+}
+
+/// One row of `tenant_id, agent_id, status, count`.
+pub(crate) fn decode_session_count(row: &impl Row) -> Result<SessionCount, StoreError> {
+    let status = row.text(2)?;
+    Ok(SessionCount {
+        tenant_id: row.text(0)?,
+        agent_id: row.text(1)?,
+        status: SessionStatus::parse(&status).ok_or_else(|| StoreError::Corrupt {
+            entity: Entity::Session,
+            id: String::new(),
+            detail: format!("unknown session status {status:?}"),
+        })?,
+        sessions: u64::try_from(row.int(3)?).unwrap_or(0),
+    })
 }
 
 pub(crate) async fn page_sessions<T: Tx>(

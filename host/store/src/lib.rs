@@ -85,8 +85,8 @@ pub use model::{
     Effect, EffectKind, EffectStatus, EffectTransition, Event, ExecutorScope, Fence,
     HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent, NewCheckpoint,
     NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution, RetentionPolicy,
-    RetentionReport, Session, SessionCommit, SessionFilter, SessionOwner, SessionPatch,
-    SessionStatus, StoreBackend, Timestamp,
+    RetentionReport, Session, SessionCommit, SessionCount, SessionFilter, SessionOwner,
+    SessionPatch, SessionStatus, StoreBackend, Timestamp,
 };
 pub use postgres::{PostgresConfig, PostgresHost, PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};

@@ -368,6 +368,20 @@ pub struct SessionFilter {
     pub owner_user_id: Option<String>,
 }
 
+/// How many sessions of one tenant and agent are in one status ([`crate::Store::count_sessions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionCount {
+    /// The tenant.
+    pub tenant_id: String,
+    /// The agent.
+    pub agent_id: String,
+    /// The status.
+    pub status: SessionStatus,
+    /// How many sessions.
+    pub sessions: u64,
+}
+
 /// Changes to a session row made by a [`SessionCommit`].
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]

@@ -25,7 +25,8 @@ use crate::feed::{EventNotice, Feed, Notice, WorkNotice};
 use crate::migrations;
 use crate::model::{
     Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectStatus, Event,
-    Item, NewAgent, NewCheckpoint, Session, SessionFilter, SessionStatus, StoreBackend, Timestamp,
+    Item, NewAgent, NewCheckpoint, Session, SessionCount, SessionFilter, SessionStatus,
+    StoreBackend, Timestamp,
 };
 
 /// The connection settings of `tokio-postgres` (host, port, user, database, timeouts...).
@@ -1556,6 +1557,18 @@ impl Tx for PgTx<'_> {
                 &filter.owner_user_id,
             ],
             engine::decode_session,
+        )
+        .await
+    }
+
+    async fn session_counts(&mut self, statuses: &str) -> Result<Vec<SessionCount>, StoreError> {
+        self.query_all(
+            "count sessions",
+            "SELECT tenant_id, agent_id, status, count(*) FROM corral_sessions \
+             WHERE status = ANY(string_to_array($1, ',')) \
+             GROUP BY tenant_id, agent_id, status ORDER BY tenant_id, agent_id, status",
+            &[&statuses],
+            engine::decode_session_count,
         )
         .await
     }

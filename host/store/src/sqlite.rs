@@ -20,7 +20,8 @@ use crate::feed::{Feed, Notice};
 use crate::migrations::{self, Migration};
 use crate::model::{
     Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectStatus, Event,
-    Item, NewAgent, NewCheckpoint, Session, SessionFilter, SessionStatus, StoreBackend, Timestamp,
+    Item, NewAgent, NewCheckpoint, Session, SessionCount, SessionFilter, SessionStatus,
+    StoreBackend, Timestamp,
 };
 
 /// When SQLite waits for the disk before acknowledging a commit.
@@ -946,6 +947,17 @@ impl Tx for SqliteTx<'_> {
                 filter.owner_user_id
             ],
             |row| engine::decode_session(row),
+        )
+    }
+
+    async fn session_counts(&mut self, statuses: &str) -> Result<Vec<SessionCount>, StoreError> {
+        self.query_all(
+            "count sessions",
+            "SELECT tenant_id, agent_id, status, count(*) FROM corral_sessions \
+             WHERE instr(',' || ?1 || ',', ',' || status || ',') > 0 \
+             GROUP BY tenant_id, agent_id, status ORDER BY tenant_id, agent_id, status",
+            params![statuses],
+            |row| engine::decode_session_count(row),
         )
     }
 

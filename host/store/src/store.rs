@@ -12,7 +12,8 @@ use crate::model::{
     Action, ActionFilter, AgentDefinition, BeginEffect, BeginEffectOutcome, Checkpoint,
     ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
     Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
-    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionFilter, StoreBackend,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
+    SessionStatus, StoreBackend,
 };
 
 /// Everything durable in corral, behind one interface.
@@ -269,6 +270,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         outcome: SegmentOutcome,
         in_flight_reason: Option<&str>,
     ) -> Result<(SegmentEnd, usize), StoreError>;
+
+    /// Sessions in `statuses`, counted by tenant, agent and status (one grouped query, for
+    /// `/metrics`' gauges); groups with no session are absent.
+    async fn count_sessions(
+        &self,
+        statuses: &[SessionStatus],
+    ) -> Result<Vec<SessionCount>, StoreError>;
 
     /// Up to `limit` sessions matching `filter` whose id is greater than `after` (`None` for
     /// the start), by id: keyset paging, each page one index range scan. Pass the last id of a

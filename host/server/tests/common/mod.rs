@@ -77,6 +77,8 @@ pub struct Options {
     pub lease: Duration,
     pub send_timeout: Duration,
     pub keep_alive: Duration,
+    /// The `[limits]` table (host/server/tests/limits.rs).
+    pub limits: corral_server::limits::Limits,
 }
 
 impl Default for Options {
@@ -85,6 +87,7 @@ impl Default for Options {
             lease: Duration::from_secs(30),
             send_timeout: Duration::from_secs(5),
             keep_alive: Duration::from_secs(15),
+            limits: corral_server::limits::Limits::default(),
         }
     }
 }
@@ -133,6 +136,7 @@ impl Harness {
         .expect("config");
         config.sse_send_timeout = options.send_timeout;
         config.sse_keep_alive = options.keep_alive;
+        config.limits = options.limits;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

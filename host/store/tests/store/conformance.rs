@@ -93,6 +93,7 @@ conformance!(
     start_up_recovery_marks_every_in_flight_effect_uncertain,
     commits_are_guarded_on_turn_and_status,
     sessions_page_by_key,
+    sessions_are_counted_by_tenant_agent_and_status,
     a_message_starts_a_turn_only_on_a_settled_session,
     a_replayed_command_answers_its_first_response,
     approve_and_respond_decide_the_interaction_a_turn_is_paused_on,
@@ -3120,6 +3121,57 @@ async fn sessions_page_by_key(f: &Fixture) -> anyhow::Result<()> {
             .page_sessions(&SessionFilter::default(), None, 0)
             .await,
         StoreError::InvalidInput { .. }
+    );
+    Ok(())
+}
+
+async fn sessions_are_counted_by_tenant_agent_and_status(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    for (id, tenant) in [
+        ("a1", "acme"),
+        ("a2", "acme"),
+        ("a3", "acme"),
+        ("g1", "globex"),
+    ] {
+        session_of(store, id, tenant).await?;
+    }
+    set_turn(store, "a1", SessionStatus::Paused, Some("t1")).await?;
+    set_turn(store, "a2", SessionStatus::Paused, Some("t1")).await?;
+    set_turn(store, "g1", SessionStatus::Uncertain, Some("t1")).await?;
+    let wanted = [
+        SessionStatus::Paused,
+        SessionStatus::Waiting,
+        SessionStatus::Uncertain,
+    ];
+    let counts: Vec<(String, String, SessionStatus, u64)> = store
+        .count_sessions(&wanted)
+        .await?
+        .into_iter()
+        .map(|c| (c.tenant_id, c.agent_id, c.status, c.sessions))
+        .collect();
+    let expected = vec![
+        (
+            "acme".to_owned(),
+            "helper".to_owned(),
+            SessionStatus::Paused,
+            2,
+        ),
+        (
+            "globex".to_owned(),
+            "helper".to_owned(),
+            SessionStatus::Uncertain,
+            1,
+        ),
+    ];
+    ensure!(counts == expected, "counts {counts:?}");
+    ensure!(
+        store.count_sessions(&[]).await?.is_empty(),
+        "no statuses, no counts"
+    );
+    let idle = store.count_sessions(&[SessionStatus::Idle]).await?;
+    ensure!(
+        idle.len() == 1 && idle[0].sessions == 1 && idle[0].tenant_id == "acme",
+        "idle {idle:?}"
     );
     Ok(())
 }
