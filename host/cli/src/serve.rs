@@ -163,6 +163,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let runner = runner(&config, &hub)?;
     let server = Server::new(config, Arc::clone(&store), runner);
     println!("listening on http://{address}");
+    println!("console: http://{address}/console (sign in with a token)");
     let served = server.run(listener, shutdown_signal()).await;
     hub.shutdown().await;
     drop(store);

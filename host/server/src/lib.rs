@@ -32,6 +32,7 @@
 pub mod auth;
 pub mod chat_runner;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod manifest;
 pub mod metrics;

@@ -85,6 +85,7 @@ pub(crate) fn router(runtime: Arc<Runtime>, hub: Arc<Hub>) -> Router {
     let state = AppState { runtime, hub };
     let (routes, _) = table().split_for_parts();
     routes
+        .merge(crate::console::router())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(tower_http::trace::TraceLayer::new_for_http())
