@@ -221,7 +221,14 @@ impl Browser {
             .await
             .expect("buttons");
         for button in buttons {
-            if self.session().text(&button).await.unwrap_or_default().trim() == label {
+            if self
+                .session()
+                .text(&button)
+                .await
+                .unwrap_or_default()
+                .trim()
+                == label
+            {
                 self.session().click(&button).await.expect("click");
                 return;
             }
@@ -273,8 +280,10 @@ impl Browser {
         self.goto(&format!("{base}/console/#/session/{tenant}/{id}"))
             .await;
         self.until(
-            "the live stream",
-            "document.querySelector('#live-state')?.dataset.state === 'live'",
+            "the session's live stream",
+            &format!(
+                "document.querySelector('main h1')?.textContent === 'Session {id}' && document.querySelector('#live-state')?.dataset.state === 'live'"
+            ),
         )
         .await;
     }
@@ -486,9 +495,14 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         .as_str()
         .expect("sha")
         .to_owned();
-    let card = browser.eval("document.querySelector('.card.pending').innerText").await;
+    let card = browser
+        .eval("document.querySelector('.card.pending').innerText")
+        .await;
     let card = card.as_str().unwrap_or_default();
-    assert!(card.contains(&sha), "the card shows argumentsSha256: {card}");
+    assert!(
+        card.contains(&sha),
+        "the card shows argumentsSha256: {card}"
+    );
     assert!(
         card.contains("tools.examples.sleep({ ms: 200 })"),
         "the card shows the script: {card}"
@@ -515,9 +529,15 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         text.contains("Both sleeps ran at once; the echo said hello."),
         "the model's answer: {text}"
     );
-    assert!(text.contains("approved by tenant:acme"), "who decided: {text}");
+    assert!(
+        text.contains("approved by tenant:acme"),
+        "who decided: {text}"
+    );
     assert!(text.contains("peak memory"), "the script's stats: {text}");
-    assert!(text.contains("\"slept_ms\": 200"), "the script's value: {text}");
+    assert!(
+        text.contains("\"slept_ms\": 200"),
+        "the script's value: {text}"
+    );
     assert_eq!(session(&base, ACME, "s1").await["status"], "completed");
     let decided = decisions(&base, ACME, "s1").await;
     assert_eq!(decided.len(), 1, "one click, one command: {decided:?}");
@@ -529,7 +549,10 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
     send_message(&base, ACME, "s2", "m1", "Run two sleeps at once").await;
     browser.open_session(&base, "acme", "s2").await;
     browser
-        .until("the pending approval", "document.querySelector('.card.pending')")
+        .until(
+            "the pending approval",
+            "document.querySelector('.card.pending')",
+        )
         .await;
     let reason = browser
         .eval("document.querySelector('.card.pending textarea').id")
@@ -555,7 +578,10 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
     send_message(&base, ACME, "s3", "m1", "Run two sleeps at once").await;
     browser.open_session(&base, "acme", "s3").await;
     browser
-        .until("the pending approval", "document.querySelector('.card.pending button.approve')")
+        .until(
+            "the pending approval",
+            "document.querySelector('.card.pending button.approve')",
+        )
         .await;
     browser.eval("document.activeElement.blur() || true").await;
     let mut reached = false;
@@ -619,7 +645,10 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
     browser.shot("07-tenant-boundary").await;
     browser.goto(&format!("{base}/console/#/actions")).await;
     browser
-        .until("the actions page", "!document.querySelector('main p')?.textContent.startsWith('Loading')")
+        .until(
+            "the actions page",
+            "!document.querySelector('main p')?.textContent.startsWith('Loading')",
+        )
         .await;
     assert!(!browser.main_text().await.contains("s1"));
 
@@ -630,7 +659,10 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
     assert!(text.contains("acme") && text.contains("s3"), "{text}");
     browser.goto(&format!("{base}/console/#/agents")).await;
     browser
-        .until("the agents", "document.querySelector('main .card h2')?.textContent === 'demo'")
+        .until(
+            "the agents",
+            "document.querySelector('main .card h2')?.textContent === 'demo'",
+        )
         .await;
     assert!(browser.main_text().await.contains("sha256:"));
     browser.shot("08-agents").await;
@@ -678,10 +710,16 @@ async fn console_shows_what_scripts_users_and_models_wrote_as_text() {
     .await;
     let browser = Browser::start("xss").await;
     browser.sign_in(&base, OPERATOR).await;
-    assert!(browser.main_text().await.contains(owner), "the owner as text");
+    assert!(
+        browser.main_text().await.contains(owner),
+        "the owner as text"
+    );
     browser.open_session(&base, "default", "x1").await;
     browser
-        .until("the completed turn", "document.querySelector('.type-turn-completed')")
+        .until(
+            "the completed turn",
+            "document.querySelector('.type-turn-completed')",
+        )
         .await;
     browser.shot("01-xss-session").await;
     let text = browser.main_text().await;
@@ -699,9 +737,15 @@ async fn console_shows_what_scripts_users_and_models_wrote_as_text() {
         "\\u{0}\\u{1b}[31m\\u{202e}evil",
         "\\u{202e}done",
     ] {
-        assert!(text.contains(literal), "{literal:?} shown as text in:\n{text}");
+        assert!(
+            text.contains(literal),
+            "{literal:?} shown as text in:\n{text}"
+        );
     }
-    assert_eq!(browser.eval("window.pwned === undefined").await, json!(true));
+    assert_eq!(
+        browser.eval("window.pwned === undefined").await,
+        json!(true)
+    );
     assert_eq!(
         browser
             .eval("document.querySelectorAll('main img, main script, main iframe, main object').length")
@@ -804,7 +848,10 @@ async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
                     first_arrived.store(true, Ordering::SeqCst);
                     held.push(stream); // never answered
                 } else {
-                    common::reply_json(&mut stream, &json!({"ok": true, "output": {"charged": true}}));
+                    common::reply_json(
+                        &mut stream,
+                        &json!({"ok": true, "output": {"charged": true}}),
+                    );
                 }
             }
         });
@@ -857,21 +904,34 @@ async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
     );
     browser.open_session(&base, "default", "u1").await;
     browser
-        .until("the uncertain effect", "document.querySelector('.card.uncertain')")
+        .until(
+            "the uncertain effect",
+            "document.querySelector('.card.uncertain')",
+        )
         .await;
     browser.shot("01-uncertain").await;
     browser.press(".card.uncertain", "Retry…").await;
     browser
-        .until("the confirmation", "document.querySelector('.card.uncertain .warning')")
+        .until(
+            "the confirmation",
+            "document.querySelector('.card.uncertain .warning')",
+        )
         .await;
     let warning = browser
         .eval("document.querySelector('.card.uncertain .warning').textContent")
         .await;
     assert!(
-        warning.as_str().unwrap_or_default().contains("happens twice"),
+        warning
+            .as_str()
+            .unwrap_or_default()
+            .contains("happens twice"),
         "the confirmation says what a retry means: {warning}"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "nothing runs before the confirmation");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "nothing runs before the confirmation"
+    );
     browser.shot("02-uncertain-confirm").await;
     browser.press(".card.uncertain", "Confirm: retry").await;
     browser
@@ -882,7 +942,11 @@ async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
         .await;
     assert!(browser.main_text().await.contains("effect.resolved"));
     browser.shot("03-uncertain-resolved").await;
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "the retry called the webhook once more");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the retry called the webhook once more"
+    );
     let resolved: Vec<Value> = events(&base, OPERATOR, "u1")
         .await
         .into_iter()

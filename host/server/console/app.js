@@ -311,6 +311,12 @@ function entryView(entry) {
   }
 }
 
+/** A script's log line: `[level] message` (its message as the script wrote it). */
+function logLine(line) {
+  if (line && typeof line === 'object' && typeof line.message === 'string') return `[${line.level ?? 'log'}] ${line.message}`;
+  return typeof line === 'string' ? line : JSON.stringify(line);
+}
+
 function toolView(entry) {
   const finished = entry.finished;
   const result = finished?.result;
@@ -322,7 +328,7 @@ function toolView(entry) {
     if (result.ok) parts.push(el('h5', {}, 'value'), json(result.value));
     else parts.push(el('h5', { class: 'error' }, 'error'), json(result.error));
     if (Array.isArray(result.logs) && result.logs.length) {
-      parts.push(el('h5', {}, 'logs'), el('ol', { class: 'logs' }, result.logs.map((line) => el('li', {}, typeof line === 'string' ? line : JSON.stringify(line)))));
+      parts.push(el('h5', {}, 'logs'), el('ol', { class: 'logs' }, result.logs.map((line) => el('li', {}, logLine(line)))));
     }
   } else if (finished) {
     parts.push(el('h5', {}, 'output'), json(result));
@@ -453,7 +459,10 @@ async function sessionPage(tenant, id) {
   let refreshing = null;
   async function refreshView() {
     try {
-      view = await call('GET', sessionPath(tenant, id));
+      const fresh = await call('GET', sessionPath(tenant, id));
+      // Unchanged: keep the cards as they are (and what the person is typing in them).
+      if (JSON.stringify(fresh) === JSON.stringify(view)) return;
+      view = fresh;
       renderHeader();
     } catch (error) {
       acting.replaceChildren(errorPanel(error));

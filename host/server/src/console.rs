@@ -159,7 +159,10 @@ mod tests {
             "connect-src 'self'",
             "frame-ancestors 'none'",
         ] {
-            assert!(CONTENT_SECURITY_POLICY_VALUE.contains(directive), "{directive}");
+            assert!(
+                CONTENT_SECURITY_POLICY_VALUE.contains(directive),
+                "{directive}"
+            );
         }
         assert!(!CONTENT_SECURITY_POLICY_VALUE.contains("unsafe"));
     }
