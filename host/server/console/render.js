@@ -23,7 +23,7 @@ export function el(tag, props = {}, ...children) {
     if (name.startsWith('on')) node.addEventListener(name.slice(2), value);
     else if (name === 'value') node.value = value;
     else if (name === 'checked' || name === 'open' || name === 'hidden' || name === 'disabled') node[name] = Boolean(value);
-    else if (name === 'href' || name === 'src' || name === 'srcdoc' || name === 'style') throw new Error(`el(): ${name} is not allowed; use link()`);
+    else if (name === 'href' || name.startsWith('src') || name === 'style') throw new Error(`el(): ${name} is not allowed; use link()`);
     else node.setAttribute(name, value === true ? '' : String(value));
   }
   append(node, children);
