@@ -235,6 +235,7 @@ async fn serve(args: ServeArgs, loaded: Loaded) -> anyhow::Result<()> {
     let server = Server::new(config, Arc::clone(&store), runner);
     reload_on_hangup(args.config.clone(), server.token_reloader());
     println!("listening on http://{address}");
+    println!("console: http://{address}/console (sign in with a token)");
     let served = server.run(listener, shutdown_signal()).await;
     hub.shutdown().await;
     drop(store);

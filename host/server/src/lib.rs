@@ -23,6 +23,8 @@
 //! - [`scheduler`]-side tasks (turn scheduler, lease sweeper) and [`sse`] (fan-out and streams)
 //!   are named tasks stopped by one shutdown signal; [`Server::run`] is the one place that
 //!   starts and stops them.
+//! - [`console`]: the operator console, a small embedded single-page app at `/console` that
+//!   uses only the public API.
 //! - [`runner`]: the seam to the turn engine (the chat runtime); [`script::ScriptRunner`] is a
 //!   small scripted engine for tests and for `corral serve` until the chat runtime lands.
 
@@ -32,6 +34,7 @@
 pub mod auth;
 pub mod chat_runner;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod limits;
 pub mod logging;

@@ -93,6 +93,7 @@ pub(crate) fn router(runtime: Arc<Runtime>, hub: Arc<Hub>) -> Router {
             limits,
             crate::limits::limit_requests,
         ))
+        .merge(crate::console::router())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(crate::logging::trace_layer())
