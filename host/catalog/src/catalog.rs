@@ -942,6 +942,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn added_capabilities_are_checked_against_the_catalog() -> Result<(), LoadCatalogError> {
+        let catalog = Catalog::new(vec![Capability::new("a.b", json!({"type": "object"}))])?;
+        let extra = Capability::new("$result", json!({"type": "object", "required": ["id"]}));
+        let both = catalog.with_capabilities(vec![extra])?;
+        let (index, _) = both.get("$result").expect("added");
+        assert!(
+            both.validate_input(index, &json!({})).is_err(),
+            "its schema applies"
+        );
+        assert!(both.get("a.b").is_some());
+        let clash = catalog.with_capabilities(vec![Capability::new("a.b", json!({}))]);
+        assert!(
+            matches!(clash, Err(LoadCatalogError::DuplicateId { .. })),
+            "{clash:?}"
+        );
+        let onto = catalog.with_capabilities(vec![Capability::new("a", json!({}))]);
+        assert!(
+            matches!(onto, Err(LoadCatalogError::BindingCollision { .. })),
+            "{onto:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn a_catalog_can_be_shared_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Catalog>();
