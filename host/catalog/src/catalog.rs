@@ -471,6 +471,40 @@ impl Catalog {
         Ok(subset)
     }
 
+    /// This catalog with `extra` capabilities appended (a host's built-ins, such as the chat
+    /// runtime's `tools.$result`), checked like any capability: an id or a binding of `extra`
+    /// that collides with one here is refused. The validators already compiled are shared;
+    /// only `extra`'s are compiled.
+    pub fn with_capabilities(&self, extra: Vec<Capability>) -> Result<Catalog, LoadCatalogError> {
+        let added = Catalog::new(extra)?;
+        let mut all = Catalog {
+            capabilities: self.capabilities.clone(),
+            validators: self.validators.clone(),
+            index_by_id: self.index_by_id.clone(),
+        };
+        for (capability, validator) in added.capabilities.into_iter().zip(added.validators) {
+            if let Some(&first) = all.index_by_id.get(&capability.id) {
+                return Err(LoadCatalogError::DuplicateId {
+                    id: capability.id,
+                    first,
+                    second: all.capabilities.len(),
+                });
+            }
+            all.index_by_id
+                .insert(capability.id.clone(), all.capabilities.len());
+            all.capabilities.push(capability);
+            all.validators.push(validator);
+        }
+        let bindable = vec![true; all.capabilities.len()];
+        match check_bindings(&all.capabilities, &bindable)
+            .into_iter()
+            .next()
+        {
+            Some(collision) => Err(collision),
+            None => Ok(all),
+        }
+    }
+
     /// Validates one call's input object (the object, not the 1-element array) against the
     /// capability's input schema with the cached compiled validator.
     pub fn validate_input(&self, index: usize, input: &Value) -> Result<(), ValidateInputError> {
@@ -905,6 +939,30 @@ pub(crate) mod tests {
                 )
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn added_capabilities_are_checked_against_the_catalog() -> Result<(), LoadCatalogError> {
+        let catalog = Catalog::new(vec![Capability::new("a.b", json!({"type": "object"}))])?;
+        let extra = Capability::new("$result", json!({"type": "object", "required": ["id"]}));
+        let both = catalog.with_capabilities(vec![extra])?;
+        let (index, _) = both.get("$result").expect("added");
+        assert!(
+            both.validate_input(index, &json!({})).is_err(),
+            "its schema applies"
+        );
+        assert!(both.get("a.b").is_some());
+        let clash = catalog.with_capabilities(vec![Capability::new("a.b", json!({}))]);
+        assert!(
+            matches!(clash, Err(LoadCatalogError::DuplicateId { .. })),
+            "{clash:?}"
+        );
+        let onto = catalog.with_capabilities(vec![Capability::new("a", json!({}))]);
+        assert!(
+            matches!(onto, Err(LoadCatalogError::BindingCollision { .. })),
+            "{onto:?}"
+        );
+        Ok(())
     }
 
     #[test]

@@ -36,6 +36,9 @@
 //! - **Events** go to an [`EventSink`] as they happen; replays emit nothing twice.
 //! - **Compaction** summarizes older messages (never separating a tool call from its result)
 //!   when a request would exceed [`ModelLimits`], as a journaled model call.
+//! - **Results that fit**: a tool result over [`ModelLimits::result_tokens`] reaches the model
+//!   cut to fit, keeping its shape ([`fit_to_budget`]); the journal keeps it whole, and a later
+//!   script of the turn reads it with `tools.$result({id})` without it entering the context.
 //! - [`javascript_tool`] (S1.5) gives task loops the same executor machinery without approval.
 
 #![deny(missing_docs)]
@@ -48,6 +51,8 @@ pub mod backends;
 mod compaction;
 mod emit;
 mod executor;
+mod fit;
+mod intrinsics;
 mod journal;
 mod js_tool;
 mod replay;
@@ -58,6 +63,10 @@ mod util;
 
 pub use compaction::{estimate_tokens, split_point};
 pub use executor::{ExecutorFactory, ExecutorRequest, SandboxExecutorFactory};
+pub use fit::{
+    DEFAULT_RESULT_TOKENS, Fitted, MIN_OBJECT_KEYS, MIN_RESULT_TOKENS, fit_to_budget, json_len,
+    tokens_of_bytes,
+};
 pub use journal::{ActionRequest, ConversationStore, JournalError, Journaled, StoreJournal};
 pub use js_tool::{CloseJavaScriptTool, JavaScriptTool, UseJavaScriptToolError, javascript_tool};
 pub use run::{RUN_JS, check_suspension, direct_tool_name, run, run_js_tool};

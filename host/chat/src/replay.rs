@@ -342,6 +342,14 @@ impl Backend for ScriptBackend {
         invocation: Invocation,
     ) -> Result<ToolResult, InvokeCapabilityError> {
         let journal = &self.journal;
+        if crate::intrinsics::is_intrinsic(&invocation.capability_id) {
+            return crate::intrinsics::answer(
+                journal.store.as_ref(),
+                &journal.turn_id,
+                &invocation,
+            )
+            .await;
+        }
         let capability_id = invocation.capability_id.clone();
         // The guest's call id is the tool call id's last part; the script's place in the turn
         // comes from the journal, so ids are the same when the script is replayed.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use corral_catalog::render_prompt;
+use corral_catalog::{Catalog, render_prompt};
 use corral_models::{
     Message, ModelRequest, ModelResponse, RetryPolicy, ToolCall, ToolSpec, Usage, call_with_retry,
 };
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::compaction::{estimate_tokens, split_point, summary_request};
 use crate::emit::Emitter;
 use crate::executor::ExecutorRequest;
+use crate::fit::{MIN_RESULT_TOKENS, fit_to_budget};
 use crate::journal::{ConversationStore, JournalError, Journaled};
 use crate::replay::{CallJournal, CallOutcome, ReplaySchedule, ScriptBackend};
 use crate::sink::RunEventKind;
@@ -106,6 +107,17 @@ pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, Run
         }
         vec![run_js_tool(render_prompt(&input.capabilities)?.text)]
     };
+    let script_catalog = if input.direct_tools {
+        Arc::clone(&input.capabilities)
+    } else {
+        Arc::new(
+            crate::intrinsics::script_catalog(&input.capabilities).map_err(|error| {
+                RunError::Usage(format!(
+                    "the catalog collides with the runtime's own `tools.$…` functions: {error}"
+                ))
+            })?,
+        )
+    };
     let mut decisions = input.decisions.clone();
     if let Some(resume) = &input.resume {
         check_suspension(&resume.suspension, &input)?;
@@ -161,6 +173,7 @@ pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, Run
         }),
         decisions,
         executor: None,
+        script_catalog,
         tools,
         messages,
         items: vec![ConversationItem::Message { message: user }],
@@ -199,6 +212,8 @@ struct Turn<'a> {
     script_backend: Arc<ScriptBackend>,
     decisions: BTreeMap<String, Decision>,
     executor: Option<ExecutorSession>,
+    /// What scripts are bound to: the authorized capabilities and the runtime's `tools.$…`.
+    script_catalog: Arc<Catalog>,
     tools: Vec<ToolSpec>,
     messages: Vec<Message>,
     items: Vec<ConversationItem>,
@@ -423,8 +438,10 @@ impl Turn<'_> {
         let turn_id = self.input.turn_id.clone();
         let result_id = format!("{tool_id}:result");
         if let Some(Journaled::Completed(done)) = self.store.lookup(&result_id).await? {
+            // What the model was shown: the cut form when the whole did not fit.
+            let shown = done.get("shown").unwrap_or(&done["content"]);
             return Ok(ToolEnd::Result {
-                content: done["content"].as_str().unwrap_or_default().to_string(),
+                content: shown.as_str().unwrap_or_default().to_string(),
                 is_error: done["isError"].as_bool().unwrap_or(false),
             });
         }
@@ -464,7 +481,15 @@ impl Turn<'_> {
             Err(stop) => return Ok(ToolEnd::Stop(stop)),
         };
         let wall_us = u64::try_from(started_at.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let record = json!({"content": content, "isError": is_error, "fuel": fuel, "wallUs": wall_us, "calls": calls});
+        let budget = self.input.limits.result_tokens as usize;
+        let in_script = !self.input.direct_tools && call.name == RUN_JS;
+        let fitted = fit_content(&content, budget, in_script.then(|| result_id_of(tool_id)));
+        let mut record = json!({"tool": call.name, "content": content, "isError": is_error, "fuel": fuel, "wallUs": wall_us, "calls": calls});
+        if let Some((shown, whole_bytes, _)) = &fitted {
+            // The whole stays in the journal (for `tools.$result`); the model gets `shown`.
+            record["shown"] = Value::String(shown.clone());
+            record["wholeBytes"] = Value::from(*whole_bytes);
+        }
         let recorded = match self
             .store
             .record(
@@ -479,8 +504,15 @@ impl Turn<'_> {
             Ok(recorded) => recorded,
             Err(error) => return journal_stop(error).map(ToolEnd::Stop),
         };
+        let (content, whole_bytes, result) = match fitted {
+            Some((shown, whole_bytes, value)) => (shown, Some(whole_bytes), value),
+            None => {
+                let value =
+                    serde_json::from_str(&content).unwrap_or(Value::String(content.clone()));
+                (content, None, value)
+            }
+        };
         if recorded == Journaled::New {
-            let result = serde_json::from_str(&content).unwrap_or(Value::String(content.clone()));
             self.emitter
                 .emit(
                     step,
@@ -492,6 +524,7 @@ impl Turn<'_> {
                         fuel,
                         wall_us,
                         calls,
+                        whole_bytes,
                     },
                 )
                 .await;
@@ -595,7 +628,7 @@ impl Turn<'_> {
                 .ok_or_else(|| RunError::Usage("JS mode needs an executor factory".into()))?;
             let context = self.invocation_context();
             let request = ExecutorRequest {
-                catalog: Arc::clone(&self.input.capabilities),
+                catalog: Arc::clone(&self.script_catalog),
                 backend: Arc::clone(&self.script_backend) as Arc<dyn corral_sandbox::Backend>,
                 context,
                 user: self.input.user.clone(),
@@ -807,6 +840,48 @@ impl Turn<'_> {
         context.run_id = Some(self.input.turn_id.clone());
         context
     }
+}
+
+/// The tool result the model is shown when `content` is over `budget_tokens`: `(shown,
+/// bytes of the whole, shown as JSON for events)`, `None` when it fits as it is. JSON keeps its
+/// shape ([`fit_to_budget`]); a script's report says how to read the whole value (`tools.$result`
+/// with `result_id`); text is cut in the middle.
+fn fit_content(
+    content: &str,
+    budget_tokens: usize,
+    result_id: Option<String>,
+) -> Option<(String, usize, Value)> {
+    if crate::fit::tokens_of_bytes(content.len()) <= budget_tokens.max(MIN_RESULT_TOKENS) {
+        return None;
+    }
+    let whole_bytes = content.len();
+    let parsed: Option<Value> = serde_json::from_str(content).ok();
+    match (parsed, result_id) {
+        (Some(Value::Object(report)), Some(id)) => {
+            let note = format!(
+                "This result was cut to fit your context ({whole_bytes} bytes in all). The script's value is kept whole: a later run_js in this turn gets it with `await tools.$result({{id: \"{id}\"}})`; filter it there and return only what you need."
+            );
+            let room = budget_tokens.saturating_sub(crate::fit::tokens_of_bytes(note.len() + 12));
+            let mut value = fit_to_budget(&Value::Object(report), room).value;
+            if let Value::Object(map) = &mut value {
+                map.insert("cut".into(), Value::String(note));
+            }
+            Some((value.to_string(), whole_bytes, value))
+        }
+        (Some(parsed), _) => {
+            let value = fit_to_budget(&parsed, budget_tokens).value;
+            Some((value.to_string(), whole_bytes, value))
+        }
+        (None, _) => {
+            let value = fit_to_budget(&Value::String(content.to_string()), budget_tokens).value;
+            let shown = value.as_str().unwrap_or_default().to_string();
+            Some((shown, whole_bytes, value))
+        }
+    }
+}
+
+fn result_id_of(tool_id: &str) -> String {
+    crate::intrinsics::result_id(tool_id)
 }
 
 /// The journaled outcome of a model call: the response, or the failure that ends the run.

@@ -62,6 +62,10 @@ pub enum RunEventKind {
         wall_us: u64,
         /// Capability calls made.
         calls: u32,
+        /// Bytes of the whole result when `result` is the form cut to fit the model's budget
+        /// (the journal keeps the whole); absent when nothing was cut.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        whole_bytes: Option<usize>,
     },
     /// A gate needs a decision.
     #[serde(rename = "permission.requested")]

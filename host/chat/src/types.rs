@@ -22,6 +22,15 @@ pub struct ModelLimits {
     pub context_window: u32,
     /// The most tokens one answer may have.
     pub max_output: u32,
+    /// The most tokens one tool result may take in the model's context (estimated as
+    /// compaction does): a larger result is cut to fit, keeping its shape, and stays whole in
+    /// the journal for later scripts (`tools.$result`). See [`crate::fit_to_budget`].
+    #[serde(default = "default_result_tokens")]
+    pub result_tokens: u32,
+}
+
+fn default_result_tokens() -> u32 {
+    crate::fit::DEFAULT_RESULT_TOKENS
 }
 
 impl Default for ModelLimits {
@@ -29,6 +38,7 @@ impl Default for ModelLimits {
         ModelLimits {
             context_window: 128_000,
             max_output: 4_096,
+            result_tokens: crate::fit::DEFAULT_RESULT_TOKENS,
         }
     }
 }

@@ -78,6 +78,10 @@ pub struct ChatArgs {
     /// Model calls allowed per turn.
     #[arg(long, default_value_t = 16)]
     max_steps: u32,
+    /// The most tokens one tool result may take in the model's context; a larger one is cut
+    /// to fit, keeping its shape (docs/chat.md, "Results that fit").
+    #[arg(long, default_value_t = corral_chat::DEFAULT_RESULT_TOKENS)]
+    result_tokens: u32,
     /// Instructions for the model.
     #[arg(
         long,
@@ -127,9 +131,13 @@ impl EventSink for TerminalSink {
                 is_error,
                 fuel,
                 wall_us,
+                whole_bytes,
                 ..
             } => {
                 let mut shown = result.to_string();
+                if let Some(whole) = whole_bytes {
+                    shown = format!("(cut to fit from {whole} bytes) {shown}");
+                }
                 if shown.len() > 400 {
                     shown.truncate(shown.floor_char_boundary(400));
                     shown.push('…');
@@ -371,7 +379,10 @@ impl Chat {
     ) -> Result<RunResult, String> {
         let input = Input {
             model: Arc::clone(&self.model),
-            limits: ModelLimits::default(),
+            limits: ModelLimits {
+                result_tokens: self.args.result_tokens,
+                ..ModelLimits::default()
+            },
             store: Arc::new(StoreJournal::new(
                 Arc::clone(&self.store),
                 self.session_id.clone(),

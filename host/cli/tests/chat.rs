@@ -217,3 +217,54 @@ fn ctrl_c_at_the_prompt_ends_the_chat_and_keeps_the_approval() {
     assert_eq!(calls.load(Ordering::SeqCst), 0, "ran before approval");
     approve_later(dir.path(), &url, &calls);
 }
+
+/// Results that fit, under `corral chat`: the first script's 20,000 rows reach the model cut
+/// to `--result-tokens`, and the second script reads them whole with `tools.$result`.
+#[test]
+fn a_cut_result_is_read_whole_by_the_next_script() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows = "return Array.from({length: 20000}, (_, i) => ({id: i, name: `row ${i}`}));";
+    let pick = "const rows = await tools.$result({id: 's0t0'}); \
+                return {count: rows.length, picked: rows.filter(r => r.id % 5000 === 0).map(r => r.id)};";
+    let replies = json!([
+        {"toolCalls": [{"name": "run_js", "arguments": {"code": rows}}]},
+        {"toolCalls": [{"name": "run_js", "arguments": {"code": pick}}]},
+        {"text": "There are 20000 rows."}
+    ]);
+    std::fs::write(dir.path().join("replies.json"), replies.to_string()).expect("replies");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .arg("chat")
+        .arg("--model")
+        .arg(format!(
+            "scripted:{}",
+            dir.path().join("replies.json").display()
+        ))
+        .arg("--store")
+        .arg(dir.path().join("chat.db"))
+        .args(["--auto-confirm", "--result-tokens", "300"])
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("corral chat starts");
+    let mut chat = Chat {
+        stderr: collect(child.stderr.take().expect("stderr")),
+        stdout: collect(child.stdout.take().expect("stdout")),
+        child,
+    };
+    chat.wait_for("you> ", 1);
+    chat.type_line("how many rows?");
+    chat.wait_for("you> ", 2);
+    let (code, stdout, stderr) = chat.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("There are 20000 rows."),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("(cut to fit from "), "{stderr}");
+    assert!(
+        stderr.contains(r#"{"count":20000,"picked":[0,5000,10000,15000]}"#),
+        "{stderr}"
+    );
+}

@@ -1,6 +1,7 @@
 //! The chat runtime end to end: a scripted model, the real sandbox, the embedded store (and
 //! PostgreSQL), and a backend that counts what it runs.
 
+mod results_fit;
 mod support;
 
 use std::sync::Arc;
@@ -454,6 +455,7 @@ async fn compaction_summarizes_old_messages_without_separating_calls_from_result
     input.limits = corral_chat::ModelLimits {
         context_window: 1200,
         max_output: 200,
+        ..Default::default()
     };
     let RunResult::Completed { text, items, .. } = run_ok(input).await else {
         panic!("not completed")
