@@ -353,7 +353,7 @@ async fn caller(request: Request, runtime: &Arc<Runtime>) -> (Request, Option<Ca
 /// own tenant, the tenant an operator addresses (`?tenantId=`, else the default tenant). Executor
 /// tokens and requests the handler will refuse anyway are not counted.
 fn command_tenant(request: &Request, caller: &Caller) -> Option<String> {
-    let Caller::Application { tenant } = caller else {
+    let Caller::Application { tenant, .. } = caller else {
         return None;
     };
     let asked = query_tenant(request.uri());

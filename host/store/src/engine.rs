@@ -188,7 +188,7 @@ pub(crate) trait Tx: Send {
     fn delete_session(&mut self, id: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// How many sessions matching `filter` (its statuses ignored) are in each status.
-    fn session_counts(
+    fn status_counts(
         &mut self,
         filter: &SessionFilter,
     ) -> impl Future<Output = Result<Vec<(String, i64)>, StoreError>> + Send;
@@ -492,7 +492,7 @@ pub(crate) async fn session_counts<T: Tx>(
     tx: &mut T,
     filter: &SessionFilter,
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    tx.session_counts(filter).await
+    tx.status_counts(filter).await
 }
 
 /// Erases session `id` and everything stored for it (events, items, checkpoints, effects,

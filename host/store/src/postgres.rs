@@ -1119,7 +1119,7 @@ impl Tx for PgTx<'_> {
             .collect())
     }
 
-    async fn session_counts(
+    async fn status_counts(
         &mut self,
         filter: &SessionFilter,
     ) -> Result<Vec<(String, i64)>, StoreError> {

@@ -529,7 +529,7 @@ impl Tx for SqliteTx<'_> {
             .collect())
     }
 
-    async fn session_counts(
+    async fn status_counts(
         &mut self,
         filter: &SessionFilter,
     ) -> Result<Vec<(String, i64)>, StoreError> {
