@@ -23,6 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use corral_store::PostgresHost;
+use corral_store::testing::PgServer;
 use serde_json::{Value, json};
 
 const OPERATOR: &str = "console-operator-token-0001";
@@ -45,11 +47,45 @@ fn test_logs() -> PathBuf {
     folder
 }
 
+/// axe-core's browser build, installed by `host/cli/tests/install-console-tools.sh`.
+fn axe_source() -> String {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let path = target.join("node-tools/console/node_modules/axe-core/axe.min.js");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run host/cli/tests/install-console-tools.sh (scripts/test does)",
+            path.display()
+        )
+    })
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// The embedded store's URL, in `folder`.
+fn embedded(folder: &Path) -> String {
+    format!("sqlite:{}", folder.join("corral.db").display())
+}
+
+/// A PostgreSQL server the harness starts (`initdb`, as an unprivileged user when root) and a
+/// fresh database on it, as a `store =` URL. The server lives as long as the returned handle.
+async fn postgres(database: &str) -> (PgServer, String) {
+    let pg = tokio::task::block_in_place(PgServer::start)
+        .expect("PostgreSQL is needed for this test (scripts/test installs it)");
+    let config = pg.create_database(database).await.expect("database");
+    let host = match config.get_hosts().first() {
+        Some(PostgresHost::Tcp(host)) => host.clone(),
+        other => panic!("the test database has no TCP host: {other:?}"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres").to_owned();
+    (pg, format!("postgres://{user}@{host}:{port}/{database}"))
 }
 
 /// A `corral serve --config` child on a store in `folder`.
@@ -59,16 +95,21 @@ struct Server {
 }
 
 impl Server {
+    /// On the embedded store, in `folder`.
     fn start(folder: &Path, listen: &str) -> Server {
+        Server::start_on(folder, listen, &embedded(folder))
+    }
+
+    /// On `store` (a `store =` URL), with its configuration and log in `folder`.
+    fn start_on(folder: &Path, listen: &str, store: &str) -> Server {
         let config = folder.join("serve.toml");
         std::fs::write(
             &config,
             format!(
-                "listen = \"{listen}\"\nstore = \"sqlite:{}\"\nleaseMs = 2000\n\
+                "listen = \"{listen}\"\nstore = \"{store}\"\nleaseMs = 2000\n\
                  [[tokens]]\ntoken = \"{OPERATOR}\"\nrole = \"application\"\n\
                  [[tokens]]\ntoken = \"{ACME}\"\nrole = \"application\"\ntenant = \"acme\"\n\
-                 [[tokens]]\ntoken = \"{BETA}\"\nrole = \"application\"\ntenant = \"beta\"\n",
-                folder.join("corral.db").display()
+                 [[tokens]]\ntoken = \"{BETA}\"\nrole = \"application\"\ntenant = \"beta\"\n"
             ),
         )
         .expect("config");
@@ -296,6 +337,35 @@ impl Browser {
             .to_owned()
     }
 
+    /// Runs the axe-core accessibility engine on the page as it is and fails on any serious or
+    /// critical violation (WCAG 2 A and AA rules, and axe's best practices).
+    async fn accessible(&self, what: &str) {
+        let axe = axe_source();
+        self.session()
+            .execute(&format!("{axe}\nreturn typeof window.axe;"))
+            .await
+            .expect("axe-core loads in the page");
+        let violations = self
+            .session()
+            .execute(
+                "return window.axe.run(document, {resultTypes: ['violations']}).then((r) => \
+                 r.violations.map((v) => ({id: v.id, impact: v.impact, help: v.help, \
+                 nodes: v.nodes.map((n) => n.target.join(' '))})));",
+            )
+            .await
+            .expect("axe.run");
+        let serious: Vec<&Value> = violations
+            .as_array()
+            .expect("violations")
+            .iter()
+            .filter(|v| matches!(v["impact"].as_str(), Some("serious" | "critical")))
+            .collect();
+        assert!(
+            serious.is_empty(),
+            "{what}: accessibility violations {serious:#?}"
+        );
+    }
+
     async fn stop(mut self) {
         if let Some(session) = self.session.take() {
             let _ = session.close().await;
@@ -355,6 +425,7 @@ fn demo_manifest() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("demo agent")).expect("json")
 }
 
+/// Registers `manifest` as the operator, shared with every tenant.
 async fn register(base: &str, manifest: Value) {
     let id = manifest["id"].as_str().expect("id").to_owned();
     ok(
@@ -362,7 +433,7 @@ async fn register(base: &str, manifest: Value) {
         base,
         reqwest::Method::PUT,
         &format!("/v1/agents/{id}"),
-        json!({"manifest": manifest, "implementationVersion": "1"}),
+        json!({"manifest": manifest, "implementationVersion": "1", "sharedWith": ["*"]}),
     )
     .await;
 }
@@ -425,12 +496,26 @@ async fn decisions(base: &str, token: &str, id: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_approves_rejects_and_keeps_tenants_apart() {
     let folder = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let store = embedded(folder.path());
+    approve_reject_and_tenants(folder.path(), &store, "approve").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_approves_rejects_and_keeps_tenants_apart_on_postgres() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let (_pg, store) = postgres("console_approve").await;
+    approve_reject_and_tenants(folder.path(), &store, "approve-postgres").await;
+}
+
+/// Signs in, watches a session live, approves by mouse and by keyboard, rejects, checks the
+/// tenant boundary and the operator's pages, on `store`; screenshots go to `shots`.
+async fn approve_reject_and_tenants(folder: &Path, store: &str, shots: &str) {
+    let server = Server::start_on(folder, "127.0.0.1:0", store);
     let base = server.base.clone();
     register(&base, demo_manifest()).await;
     create_session(&base, ACME, "s1", "demo", "ada").await;
     create_session(&base, ACME, "s2", "demo", "bob").await;
-    let browser = Browser::start("approve").await;
+    let browser = Browser::start(shots).await;
 
     // Sign in as acme's tenant token; the sign-in page is the first screenshot.
     browser.goto(&format!("{base}/console/")).await;
@@ -438,6 +523,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         .until("the sign-in form", "document.querySelector('#token')")
         .await;
     browser.shot("01-sign-in").await;
+    browser.accessible("the sign-in page").await;
     browser.sign_in(&base, ACME).await;
     assert_eq!(
         browser
@@ -466,6 +552,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         "both sessions: {text}"
     );
     browser.shot("02-sessions").await;
+    browser.accessible("the sessions page").await;
 
     // The session is idle when the page opens: the message, the pause and the script arrive
     // over the live stream, without a reload.
@@ -515,6 +602,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         "the script is highlighted"
     );
     browser.shot("03-session-paused").await;
+    browser.accessible("a paused session").await;
 
     // Approve with the mouse: the turn completes, live.
     browser.press(".card.pending", "Approve").await;
@@ -544,6 +632,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
     assert_eq!(decided[0]["approved"], true);
     assert_eq!(decided[0]["decidedBy"], "tenant:acme");
     browser.shot("04-session-completed").await;
+    browser.accessible("a completed session").await;
 
     // Reject the other session's script with a reason: the model sees the rejection.
     send_message(&base, ACME, "s2", "m1", "Run two sleeps at once").await;
@@ -666,6 +755,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         .await;
     assert!(browser.main_text().await.contains("sha256:"));
     browser.shot("08-agents").await;
+    browser.accessible("the agents page").await;
     browser.goto(&format!("{base}/console/#/server")).await;
     browser
         .until("the metrics", "document.querySelector('main table')")
@@ -676,6 +766,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart() {
         "{text}"
     );
     browser.shot("09-server").await;
+    browser.accessible("the server page").await;
     browser.stop().await;
 }
 
@@ -764,6 +855,208 @@ async fn console_shows_what_scripts_users_and_models_wrote_as_text() {
     browser.stop().await;
 }
 
+/// The sessions page asks the API for its filters, counts and pages: 55 of ada's sessions show
+/// as two pages of 50 and 5, the counts are the server's over every page, and a status with no
+/// session shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_and_filters_sessions_through_the_api() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let base = server.base.clone();
+    register(&base, demo_manifest()).await;
+    for n in 0..55 {
+        create_session(&base, ACME, &format!("p{n:02}"), "demo", "ada").await;
+    }
+    create_session(&base, ACME, "other", "demo", "bob").await;
+    create_session(&base, BETA, "elsewhere", "demo", "ada").await;
+    let browser = Browser::start("paging").await;
+    browser.sign_in(&base, OPERATOR).await;
+
+    let loaded = "document.querySelector('main h1')?.textContent === 'Sessions' && \
+                  !document.querySelector('main p')?.textContent.startsWith('Loading')";
+    browser
+        .goto(&format!("{base}/console/#/sessions?tenant=acme&owner=ada"))
+        .await;
+    browser
+        .until(
+            "the first page",
+            &format!("{loaded} && document.querySelector('caption')?.textContent === '55 sessions, 1 to 50 shown'"),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("document.querySelectorAll('tbody tr').length")
+            .await,
+        json!(50)
+    );
+    let counts = browser
+        .eval("document.querySelector('ul.counts').innerText")
+        .await;
+    assert!(
+        counts.as_str().unwrap_or_default().contains("idle 55"),
+        "{counts}"
+    );
+    let text = browser.main_text().await;
+    assert!(
+        !text.contains("other") && !text.contains("elsewhere"),
+        "{text}"
+    );
+    browser.shot("10-sessions-page-1").await;
+
+    browser.click("nav.pager a").await;
+    browser
+        .until(
+            "the second page",
+            "document.querySelector('caption')?.textContent === '55 sessions, 51 to 55 shown'",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("document.querySelectorAll('tbody tr').length")
+            .await,
+        json!(5)
+    );
+    let text = browser.main_text().await;
+    assert!(text.contains("p54") && !text.contains("p00"), "{text}");
+    assert_eq!(
+        browser
+            .eval("[...document.querySelectorAll('nav.pager a')].map((a) => a.textContent)")
+            .await,
+        json!(["← First page"]),
+        "the last page links back to the first only"
+    );
+
+    // A status with no session in it: nothing, whatever the other pages held.
+    browser
+        .goto(&format!(
+            "{base}/console/#/sessions?tenant=acme&status=paused"
+        ))
+        .await;
+    browser
+        .until(
+            "an empty list",
+            &format!(
+                "{loaded} && document.querySelector('main').innerText.includes('No sessions match')"
+            ),
+        )
+        .await;
+    browser.stop().await;
+}
+
+/// Every event of a session, paged through the API.
+async fn event_count(base: &str, token: &str, id: &str) -> usize {
+    let mut cursor = 0;
+    let mut count = 0;
+    loop {
+        let page = ok(
+            token,
+            base,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}/items?cursor={cursor}&limit=1000"),
+            Value::Null,
+        )
+        .await;
+        let items = page["items"].as_array().cloned().unwrap_or_default();
+        let Some(last) = items.last() else {
+            return count;
+        };
+        count += items.len();
+        cursor = last["cursor"].as_u64().expect("cursor");
+    }
+}
+
+/// `n` as the console writes it (`30,123`).
+fn grouped(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A session of more than 30,000 events (30 turns, each a script and a reply streamed as 1,000
+/// deltas) opens with every event folded and one page of entries in the document. How long it
+/// took is measured and written to the test logs (`console/open-30000-events.txt`), not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_opens_a_session_of_30000_events() {
+    const TURNS: usize = 30;
+    let folder = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let base = server.base.clone();
+    let words = vec!["word"; 1000].join(" ");
+    let replies: Vec<Value> = (0..TURNS)
+        .flat_map(|turn| {
+            [
+                json!({"toolCalls": [{"name": "run_js", "arguments": {"code": format!("return {turn};")}}]}),
+                json!({"text": words}),
+            ]
+        })
+        .collect();
+    register(
+        &base,
+        json!({
+            "id": "long",
+            "instructions": "Test.",
+            "model": {"provider": "scripted", "replies": replies},
+            "autoConfirm": true,
+            "capabilities": []
+        }),
+    )
+    .await;
+    create_session(&base, OPERATOR, "long", "long", "ada").await;
+    for turn in 0..TURNS {
+        send_message(&base, OPERATOR, "long", &format!("m{turn}"), "Go on").await;
+        let deadline = Instant::now() + PATIENCE;
+        while session(&base, OPERATOR, "long").await["status"] != "completed" {
+            assert!(Instant::now() < deadline, "turn {turn} did not complete");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let total = event_count(&base, OPERATOR, "long").await;
+    assert!(total >= 30_000, "{total} events");
+
+    let browser = Browser::start("long").await;
+    browser.sign_in(&base, OPERATOR).await;
+    let started = Instant::now();
+    browser
+        .goto(&format!("{base}/console/#/session/default/long"))
+        .await;
+    browser
+        .until(
+            "every event folded",
+            &format!(
+                "document.querySelector('#live-state')?.dataset.state === 'live' && \
+                 document.querySelector('#timeline-pages')?.textContent.includes('{} events')",
+                grouped(total)
+            ),
+        )
+        .await;
+    let opened = started.elapsed();
+    let entries = browser
+        .eval("document.querySelectorAll('#timeline .entry').length")
+        .await;
+    let entries = entries.as_u64().expect("entries");
+    assert!(
+        (1..=100).contains(&entries),
+        "one page of entries in the document: {entries}"
+    );
+    // The newest entries are shown: the last turn's reply.
+    assert!(browser.main_text().await.contains("word word"));
+    browser.shot("11-session-30000-events").await;
+    let note = format!(
+        "{total} events ({TURNS} turns) opened in {} ms (navigation to every event folded, \
+         headless Chromium, embedded store)\n",
+        opened.as_millis()
+    );
+    eprint!("{note}");
+    std::fs::write(test_logs().join("open-30000-events.txt"), note).expect("note");
+    browser.stop().await;
+}
+
 /// The console's responses carry the security headers, whatever the file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_responses_carry_the_security_headers() {
@@ -829,6 +1122,21 @@ async fn console_responses_carry_the_security_headers() {
 /// confirmation: `retry` calls the webhook again and the turn completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let store = embedded(folder.path());
+    resolve_after_sigkill(folder.path(), &store, "uncertain").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_resolves_an_uncertain_effect_after_a_sigkill_on_postgres() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let (_pg, store) = postgres("console_uncertain").await;
+    resolve_after_sigkill(folder.path(), &store, "uncertain-postgres").await;
+}
+
+/// A webhook call in flight when the server is killed is `uncertain` after the restart; the
+/// console settles it (`retry`), after a confirmation, and the turn completes.
+async fn resolve_after_sigkill(folder: &Path, store: &str, shots: &str) {
     // The webhook holds its first call (the server is killed while it waits) and answers the
     // next ones at once.
     let calls = Arc::new(AtomicU32::new(0));
@@ -856,9 +1164,8 @@ async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
             }
         });
     }
-    let folder = tempfile::tempdir().expect("tempdir");
     let listen = format!("127.0.0.1:{}", free_port());
-    let mut server = Server::start(folder.path(), &listen);
+    let mut server = Server::start_on(folder, &listen, store);
     let base = server.base.clone();
     register(
         &base,
@@ -884,7 +1191,7 @@ async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
     }
     server.kill9();
     drop(server);
-    let server = Server::start(folder.path(), &listen);
+    let server = Server::start_on(folder, &listen, store);
     let base = server.base.clone();
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -896,7 +1203,7 @@ async fn console_resolves_an_uncertain_effect_after_a_sigkill() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let browser = Browser::start("uncertain").await;
+    let browser = Browser::start(shots).await;
     browser.sign_in(&base, OPERATOR).await;
     assert!(
         browser.main_text().await.contains("uncertain"),

@@ -78,6 +78,21 @@ fn filesystem_server() -> PathBuf {
     path
 }
 
+/// The MCP test server of corral-mcp's tests (`host/mcp/tests/servers/testkit.mjs`) as an agent's
+/// `mcpServers` entry named `kit`.
+fn testkit_server() -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let modules = root.join("target/node-tools/mcp/node_modules");
+    assert!(
+        modules.join("@modelcontextprotocol/sdk").exists(),
+        "the MCP test servers are not installed: run `bash host/mcp/tests/install-servers.sh` \
+         (scripts/test does)"
+    );
+    json!({"name": "kit", "command": "node",
+           "args": [root.join("host/mcp/tests/servers/testkit.mjs").display().to_string(), "normal"],
+           "env": {"CORRAL_MCP_NODE_MODULES": modules.display().to_string()}})
+}
+
 fn manifest(shop_url: &str, folder: &Path) -> Value {
     let root = folder.display().to_string();
     let code = format!(
@@ -721,4 +736,101 @@ async fn a_deploy_during_a_call_shorter_than_the_grace_period_leaves_nothing_unc
     // The call ran once: its result was journaled before the first process stopped.
     assert_eq!(*calls.lock().expect("calls"), 1);
     drop(server);
+}
+
+/// A turn segment reuses what an earlier one built for the same agent definition: the MCP
+/// server's tools are listed once for several turns of several sessions, and again only after
+/// the server announces that its tool list changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_reuse_the_agents_binding_until_its_tool_list_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n",
+            dir.path().join("corral.db").display()
+        ),
+    )
+    .expect("config");
+    let server = Server::start(&config, &dir.path().join("serve.stderr"));
+    let base = server.base.clone();
+    let stats = json!({"toolCalls": [{"name": "run_js", "arguments": {"code": "return (await tools.kit.stats({})).lists;"}}]});
+    let manifest = json!({
+        "id": "kit",
+        "instructions": "Count.",
+        "autoConfirm": true,
+        "model": {"provider": "scripted", "replies": [
+            stats, {"text": "one"},
+            stats, {"text": "two"},
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": "return await tools.kit.add_tool({name: 'later'});"}}]},
+            {"text": "added"},
+            stats, {"text": "three"}
+        ]},
+        "mcpServers": [testkit_server()]
+    });
+    ok(
+        &base,
+        reqwest::Method::PUT,
+        "/v1/agents/kit",
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+    // The scripted model answers by its call's index in the session, so each session replays
+    // the replies from the first: turns of two sessions, then the change.
+    let mut lists = Vec::new();
+    for (session, turns) in [("k1", 2), ("k2", 1)] {
+        ok(
+            &base,
+            reqwest::Method::PUT,
+            &format!("/v1/sessions/{session}"),
+            Some(json!({"agentId": "kit", "ownerUserId": "ada"})),
+        )
+        .await;
+        for turn in 0..turns {
+            let sent = ok(
+                &base,
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/commands"),
+                Some(json!({"type": "message", "idempotencyKey": format!("m{turn}"), "content": "Count"})),
+            )
+            .await;
+            let after = sent["cursor"].as_u64().expect("cursor");
+            let events = stream_until_completed(&base, session, after).await;
+            let finished = events
+                .iter()
+                .find(|e| e["type"] == "tool.finished")
+                .expect("the script finished");
+            lists.push(finished["data"]["result"]["value"].clone());
+        }
+    }
+    assert_eq!(
+        lists,
+        vec![json!(1), json!(1), json!(1)],
+        "listed once for three segments of two sessions"
+    );
+    // k1's third turn adds a tool (the server announces it), its fourth counts again.
+    for (turn, key) in [(2, "m2"), (3, "m3")] {
+        let sent = ok(
+            &base,
+            reqwest::Method::POST,
+            "/v1/sessions/k1/commands",
+            Some(json!({"type": "message", "idempotencyKey": key, "content": "Count"})),
+        )
+        .await;
+        let after = sent["cursor"].as_u64().expect("cursor");
+        let events = stream_until_completed(&base, "k1", after).await;
+        if turn == 3 {
+            let finished = events
+                .iter()
+                .find(|e| e["type"] == "tool.finished")
+                .expect("the script finished");
+            assert_eq!(
+                finished["data"]["result"]["value"],
+                json!(2),
+                "listed again after tools/list_changed: {finished}"
+            );
+        }
+    }
 }

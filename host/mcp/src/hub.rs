@@ -162,6 +162,7 @@ impl McpHub {
                 hub_generation: Arc::clone(&self.inner.generation),
                 redactor: RwLock::new(Arc::new(Redactor::default())),
                 stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+                last_tools: Mutex::new(None),
                 secrets: Arc::clone(&self.inner.secrets),
                 options: self.inner.options.clone(),
             })
@@ -183,6 +184,9 @@ pub(crate) struct ServerSlot {
     /// Redacts the secrets this server was given, from its results, errors and stderr.
     redactor: RwLock<Arc<Redactor>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// The tools of the last `tools/list` that succeeded: a server that is down keeps its
+    /// names, so a script's call fails with the server's error instead of finding nothing.
+    last_tools: Mutex<Option<Vec<serde_json::Value>>>,
     secrets: Arc<dyn SecretResolver>,
     options: McpHubOptions,
 }
@@ -290,6 +294,18 @@ impl ServerSlot {
         drop(state);
         // Dropping the service ends its task and the child (if still alive) in the background.
         drop(connection.service.lock().await.take());
+    }
+
+    /// Remembers a successful listing.
+    pub(crate) fn keep_tools(&self, tools: &[serde_json::Value]) {
+        if let Ok(mut last) = self.last_tools.lock() {
+            *last = Some(tools.to_vec());
+        }
+    }
+
+    /// The tools of the last successful listing, if any.
+    pub(crate) fn last_tools(&self) -> Option<Vec<serde_json::Value>> {
+        self.last_tools.lock().ok().and_then(|last| last.clone())
     }
 
     /// The last lines the server wrote to stderr (redacted), for error messages.

@@ -58,7 +58,11 @@ impl McpHub {
     /// Lists every page of `tools/list` of each server (starting those not running, all at
     /// once) and turns the tools into capabilities. A server that cannot be started or listed,
     /// and a tool whose definition is invalid or cannot be rendered, is reported in
-    /// [`McpCatalog::errors`] and left out; the rest still work.
+    /// [`McpCatalog::errors`]; the rest still work. A server that cannot be listed keeps the
+    /// tools of its last successful listing in this process or, never listed, the names of its
+    /// `allowedTools` (with any object as input): their calls try the server again and fail with
+    /// a `CapabilityError` naming it, so a script never finds `tools.NAME` undefined because the
+    /// server is down. Only a server never listed and without `allowedTools` has no tools.
     pub async fn catalog(&self, servers: &[McpServerConfig]) -> McpCatalog {
         let listed =
             futures::future::join_all(servers.iter().map(|server| self.list_server(server))).await;
@@ -66,41 +70,47 @@ impl McpHub {
         let mut errors = Vec::new();
         let mut routes = HashMap::new();
         for (slot, result) in listed {
-            match result {
+            let tools = match result {
                 Ok(tools) => {
-                    let mut seen = BTreeSet::new();
-                    for tool in tools {
-                        let Some(name) = tool.get("name").and_then(Value::as_str) else {
-                            continue;
-                        };
-                        let name = name.to_owned();
-                        if !slot.config.allows_tool(&name) {
-                            continue;
-                        }
-                        if !seen.insert(name.clone()) {
-                            errors.push(McpListError::DuplicateTool {
-                                server: slot.config.name.clone(),
-                                tool: name,
-                            });
-                            continue;
-                        }
-                        match tool_capability(&slot.config, &name, tool) {
-                            Ok(capability) => {
-                                routes.insert(
-                                    capability.id.clone(),
-                                    Route {
-                                        slot: Arc::clone(&slot),
-                                        tool: name,
-                                        text_output: capability.text_output,
-                                    },
-                                );
-                                capabilities.push(capability);
-                            }
-                            Err(error) => errors.push(error),
-                        }
-                    }
+                    slot.keep_tools(&tools);
+                    tools
                 }
-                Err(error) => errors.push(error),
+                Err(error) => {
+                    errors.push(error);
+                    slot.last_tools()
+                        .unwrap_or_else(|| placeholder_tools(&slot.config))
+                }
+            };
+            let mut seen = BTreeSet::new();
+            for tool in tools {
+                let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let name = name.to_owned();
+                if !slot.config.allows_tool(&name) {
+                    continue;
+                }
+                if !seen.insert(name.clone()) {
+                    errors.push(McpListError::DuplicateTool {
+                        server: slot.config.name.clone(),
+                        tool: name,
+                    });
+                    continue;
+                }
+                match tool_capability(&slot.config, &name, tool) {
+                    Ok(capability) => {
+                        routes.insert(
+                            capability.id.clone(),
+                            Route {
+                                slot: Arc::clone(&slot),
+                                tool: name,
+                                text_output: capability.text_output,
+                            },
+                        );
+                        capabilities.push(capability);
+                    }
+                    Err(error) => errors.push(error),
+                }
             }
         }
         let fingerprint = fingerprint(&capabilities);
@@ -156,6 +166,29 @@ impl McpHub {
         .await;
         (slot, result)
     }
+}
+
+/// The tools a server never listed is known to have: its `allowedTools`, each taking any object
+/// and, with nothing known of it, needing approval unless the declaration says otherwise.
+/// The description is the same whatever the error, so the catalog's fingerprint is too.
+fn placeholder_tools(config: &McpServerConfig) -> Vec<Value> {
+    let Some(allowed) = &config.allowed_tools else {
+        return Vec::new();
+    };
+    allowed
+        .iter()
+        .map(|name| {
+            json!({
+                "name": name,
+                "description": format!(
+                    "MCP server {} could not be listed; a call tries it again.",
+                    config.name
+                ),
+                "inputSchema": {"type": "object"},
+                "annotations": {"destructiveHint": true},
+            })
+        })
+        .collect()
 }
 
 /// One tool as a capability, through the catalog's own MCP import (so its checks apply), then

@@ -401,6 +401,109 @@ async fn a_server_that_crashes_mid_call_fails_that_call_clearly_and_is_restarted
     Ok(())
 }
 
+/// What a script sees when it calls `tools.NAME.tool`: `[name, message]` of the error, or the
+/// value.
+async fn call_outcome(listed: &McpCatalog, catalog: &Catalog, call: &str) -> Result<Value> {
+    let argument = if call.ends_with("crash") {
+        "{}"
+    } else {
+        "{text: 'x'}"
+    };
+    let script = format!(
+        "if (typeof {call} !== 'function') return 'not a function';\n\
+         try {{ return await {call}({argument}); }} catch (e) {{ return [e.name, e.message]; }}"
+    );
+    value(run(listed, catalog, &script).await?)
+}
+
+#[tokio::test]
+async fn a_server_that_is_down_fails_its_calls_with_a_capability_error_naming_it() -> Result<()> {
+    let hub = hub();
+    // Never started, with allowedTools: those names are bound, and their calls fail clearly.
+    let mut ghost = McpServerConfig::stdio("ghost", "/nonexistent/corral-mcp-server", Vec::new());
+    ghost.allowed_tools = Some(vec!["lookup".into()]);
+    let unnamed = McpServerConfig::stdio("unnamed", "/nonexistent/corral-mcp-server", Vec::new());
+    let (listed, catalog) = listed(&hub, &[ghost, unnamed]).await?;
+    assert_eq!(listed.errors.len(), 2, "{:?}", listed.errors);
+    let lookup = listed
+        .capabilities
+        .iter()
+        .find(|c| c.id == "ghost.lookup")
+        .context("ghost.lookup is bound")?;
+    assert!(
+        lookup.needs_approval,
+        "nothing is known of it: it needs approval"
+    );
+    // Without allowedTools nothing is known of the server's tools: none are bound.
+    assert!(
+        !listed
+            .capabilities
+            .iter()
+            .any(|c| c.id.starts_with("unnamed."))
+    );
+    let outcome = call_outcome(&listed, &catalog, "tools.ghost.lookup").await?;
+    assert_eq!(outcome[0], "CapabilityError", "{outcome}");
+    assert!(
+        outcome[1]
+            .as_str()
+            .unwrap_or_default()
+            .contains("MCP server ghost"),
+        "{outcome}"
+    );
+
+    // Listed once, then dead and unable to start again: its tools stay, their calls fail.
+    let folder = tempfile::tempdir()?;
+    let down = folder.path().join("down");
+    let mut kit = testkit("kit", "normal");
+    if let McpTransport::Stdio { command, args, .. } = &mut kit.transport {
+        let line = format!("[ -e '{}' ] && exit 3; exec node \"$@\"", down.display());
+        let mut wrapped = vec!["-c".to_owned(), line, "sh".to_owned()];
+        wrapped.append(args);
+        *args = wrapped;
+        *command = "sh".into();
+    }
+    let (listed, catalog) = self::listed(&hub, std::slice::from_ref(&kit)).await?;
+    assert!(
+        !listed
+            .errors
+            .iter()
+            .any(|e| matches!(e, McpListError::Start(_) | McpListError::ListTools { .. })),
+        "listed: {:?}",
+        listed.errors
+    );
+    assert_eq!(
+        call_outcome(&listed, &catalog, "tools.kit.echo").await?,
+        json!("x")
+    );
+    std::fs::write(&down, "")?;
+    let crashed = call_outcome(&listed, &catalog, "tools.kit.crash").await?;
+    assert_eq!(crashed[0], "CapabilityError", "{crashed}");
+    let (relisted, catalog) = self::listed(&hub, &[kit]).await?;
+    assert!(
+        relisted
+            .errors
+            .iter()
+            .any(|e| e.to_string().contains("MCP server kit")),
+        "{:?}",
+        relisted.errors
+    );
+    assert_eq!(
+        relisted.fingerprint, listed.fingerprint,
+        "the last listing is kept, so a paused turn still resumes"
+    );
+    let outcome = call_outcome(&relisted, &catalog, "tools.kit.echo").await?;
+    assert_eq!(outcome[0], "CapabilityError", "{outcome}");
+    assert!(
+        outcome[1]
+            .as_str()
+            .unwrap_or_default()
+            .contains("MCP server kit"),
+        "{outcome}"
+    );
+    hub.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_server_that_never_answers_initialize_is_reported_within_the_timeout() -> Result<()> {
     let hub = hub();
@@ -525,7 +628,7 @@ async fn secrets_reach_the_server_but_never_the_catalog_the_script_or_errors() -
             serde_json::from_value(json!({"secretRef": "KIT_TOKEN"}))?,
         );
     }
-    let (listed, catalog) = listed(&hub, std::slice::from_ref(&kit)).await?;
+    let (listed, catalog) = self::listed(&hub, std::slice::from_ref(&kit)).await?;
     assert!(!serde_json::to_string(&listed.capabilities)?.contains(secret));
     assert!(!format!("{kit:?} {}", serde_json::to_string(&kit)?).contains(secret));
     let report = run(

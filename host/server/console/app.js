@@ -15,6 +15,14 @@ const ENTRIES_PER_PAGE = 100;
 /** Whatever the current page started (a live stream) and must stop when it is left. */
 let leaving = [];
 
+/** Counts navigations: a page still loading when the next one starts renders nothing. */
+let navigation = 0;
+
+/** Whether the navigation `mine` has been left since (its page must not render). */
+function left(mine) {
+  return mine !== navigation;
+}
+
 function toast(text) {
   toastBox.textContent = text;
 }
@@ -86,8 +94,9 @@ function signInPage(problem) {
     } catch {
       sessionStorage.setItem('corral.console.role', 'tenant');
     }
-    location.hash = '#/sessions';
-    route();
+    // One navigation: setting the same hash again fires no hashchange.
+    if (location.hash === '#/sessions') route();
+    else location.hash = '#/sessions';
   });
   page('corral console', form);
   input.focus();
@@ -96,11 +105,6 @@ function signInPage(problem) {
 // ---------------------------------------------------------------------------------------------
 // Sessions
 
-function statusRank(status) {
-  const at = STATUSES.indexOf(status);
-  return at < 0 ? STATUSES.length : at;
-}
-
 async function sessionsPage(params) {
   const filters = {
     tenant: params.get('tenant') ?? '',
@@ -108,29 +112,39 @@ async function sessionsPage(params) {
     status: params.get('status') ?? '',
     owner: params.get('owner') ?? '',
   };
-  const pageNumber = Math.max(1, Number(params.get('page') ?? 1) || 1);
+  // Paging is the API's: `after` is the cursor of the page shown, `from` how many came before it.
+  const after = params.get('after') ?? '';
+  const from = Math.max(0, Number(params.get('from') ?? 0) || 0);
   page('Sessions', el('p', {}, 'Loading…'));
+  const mine = navigation;
   let list;
   let agents = [];
   try {
     [list, agents] = await Promise.all([
-      call('GET', `/v1/sessions${query({ tenantId: filters.tenant, agentId: filters.agent })}`),
+      call(
+        'GET',
+        `/v1/sessions${query({
+          tenantId: filters.tenant,
+          agentId: filters.agent,
+          status: filters.status,
+          ownerUserId: filters.owner,
+          limit: SESSIONS_PER_PAGE,
+          after,
+        })}`,
+      ),
       call('GET', '/v1/agents').then((a) => a.agents),
     ]);
   } catch (error) {
-    page('Sessions', filterForm(filters, agents), errorPanel(error));
+    if (!left(mine)) page('Sessions', filterForm(filters, agents), errorPanel(error));
     return;
   }
-  // The API filters by tenant and agent; owner and status are filtered here.
-  const owned = list.sessions.filter((s) => !filters.owner || s.ownerUserId === filters.owner);
-  const counts = new Map();
-  for (const s of owned) counts.set(s.status, (counts.get(s.status) ?? 0) + 1);
-  const shown = owned
-    .filter((s) => !filters.status || s.status === filters.status)
-    .sort((a, b) => statusRank(a.status) - statusRank(b.status) || a.tenantId.localeCompare(b.tenantId) || a.id.localeCompare(b.id));
-  const pages = Math.max(1, Math.ceil(shown.length / SESSIONS_PER_PAGE));
-  const current = Math.min(pageNumber, pages);
-  const rows = shown.slice((current - 1) * SESSIONS_PER_PAGE, current * SESSIONS_PER_PAGE).map((s) => [
+  if (left(mine)) return;
+  // The counts are the server's, over every session that matches the filters other than status.
+  const counts = new Map(Object.entries(list.counts ?? {}));
+  const matching = filters.status
+    ? filters.status.split(',').reduce((sum, s) => sum + (counts.get(s) ?? 0), 0)
+    : [...counts.values()].reduce((sum, n) => sum + n, 0);
+  const rows = list.sessions.map((s) => [
     s.tenantId,
     link(sessionRoute(s.tenantId, s.id), s.id),
     s.agentId,
@@ -145,12 +159,14 @@ async function sessionsPage(params) {
       el('li', { class: ATTENTION.includes(s) ? 'attention' : '' }, link(sessionsRoute({ ...filters, status: s }), badge(s), ` ${counts.get(s)}`)),
     ),
   );
+  const shown = list.sessions.length;
+  const caption = `${matching} sessions` + (shown < matching ? `, ${from + 1} to ${from + shown} shown` : '');
   page(
     'Sessions',
     filterForm(filters, agents),
     countChips,
-    shown.length ? table(`${shown.length} sessions`, ['tenant', 'session', 'agent', 'owner', 'status', 'active turn'], rows) : el('p', {}, 'No sessions match.'),
-    pager(current, pages, (n) => sessionsRoute({ ...filters, page: n })),
+    shown ? table(caption, ['tenant', 'session', 'agent', 'owner', 'status', 'active turn'], rows) : el('p', {}, 'No sessions match.'),
+    pager(after !== '', list.next, (cursor) => sessionsRoute({ ...filters, after: cursor, from: cursor ? from + shown : '' })),
     newSessionForm(agents),
   );
 }
@@ -163,14 +179,14 @@ function sessionRoute(tenant, id) {
   return `#/session/${encodeURIComponent(tenant)}/${encodeURIComponent(id)}`;
 }
 
-function pager(current, pages, routeOf) {
-  if (pages <= 1) return null;
+/** Links to the first page (when not on it) and to the next (when there is one). */
+function pager(notFirst, next, routeOf) {
+  if (!notFirst && !next) return null;
   return el(
     'nav',
     { class: 'pager', 'aria-label': 'Pages' },
-    current > 1 ? link(routeOf(current - 1), '← Previous') : null,
-    el('span', {}, `page ${current} of ${pages}`),
-    current < pages ? link(routeOf(current + 1), 'Next →') : null,
+    notFirst ? link(routeOf(''), '← First page') : null,
+    next ? link(routeOf(next), 'Next →') : null,
   );
 }
 
@@ -404,13 +420,15 @@ function timelinePage(timeline, pageNumber) {
 
 async function sessionPage(tenant, id) {
   page(`Session ${id}`, el('p', {}, 'Loading…'));
+  const mine = navigation;
   let view;
   try {
     view = await call('GET', sessionPath(tenant, id));
   } catch (error) {
-    page(`Session ${id}`, errorPanel(error), el('p', {}, link('#/sessions', 'Back to sessions')));
+    if (!left(mine)) page(`Session ${id}`, errorPanel(error), el('p', {}, link('#/sessions', 'Back to sessions')));
     return;
   }
+  if (left(mine)) return;
   const timeline = new Timeline();
   const header = el('div', { id: 'session-facts' });
   const acting = el('section', { id: 'acting', 'aria-label': 'Acting on the session' });
@@ -682,8 +700,10 @@ function messageView(send) {
 
 async function agentsPage() {
   page('Agents', el('p', {}, 'Loading…'));
+  const mine = navigation;
   try {
     const { agents } = await call('GET', '/v1/agents');
+    if (left(mine)) return;
     page(
       'Agents',
       agents.length ? null : el('p', {}, 'No agents registered.'),
@@ -702,17 +722,19 @@ async function agentsPage() {
       ),
     );
   } catch (error) {
-    page('Agents', errorPanel(error));
+    if (!left(mine)) page('Agents', errorPanel(error));
   }
 }
 
 async function actionsPage() {
   page('Actions', el('p', {}, 'Loading…'));
+  const mine = navigation;
   try {
     // GET /v1/actions is for executor tokens; an operator sees open actions in session views.
-    const { sessions } = await call('GET', '/v1/sessions');
-    const open = sessions.filter((s) => ['waiting', 'uncertain', 'running', 'runnable', 'paused'].includes(s.status)).slice(0, 100);
+    // Open sessions are the ones that can have open actions; the first 100 of them are shown.
+    const { sessions: open } = await call('GET', `/v1/sessions${query({ status: 'waiting,uncertain,running,runnable,paused', limit: 100 })}`);
     const views = await Promise.all(open.map((s) => call('GET', sessionPath(s.tenantId, s.id))));
+    if (left(mine)) return;
     const rows = views.flatMap((v) =>
       v.actions.map((a) => [link(sessionRoute(v.tenantId, v.id), `${v.tenantId}/${v.id}`), a.actionId, a.capabilityId, badge(a.status), String(a.generation), a.claimId ?? '—', a.leaseExpiresAt ?? '—']),
     );
@@ -722,7 +744,7 @@ async function actionsPage() {
       rows.length ? table(`${rows.length} open actions`, ['session', 'action', 'capability', 'status', 'generation', 'claim', 'lease expires'], rows) : el('p', {}, 'No open actions.'),
     );
   } catch (error) {
-    page('Actions', errorPanel(error));
+    if (!left(mine)) page('Actions', errorPanel(error));
   }
 }
 
@@ -741,6 +763,7 @@ const METRICS = [
 
 async function serverPage() {
   page('Server', el('p', {}, 'Loading…'));
+  const mine = navigation;
   let ready;
   try {
     ready = await fetch('/ready', { cache: 'no-store', credentials: 'omit' }).then((r) => r.json());
@@ -759,6 +782,7 @@ async function serverPage() {
   } catch (error) {
     metrics = error;
   }
+  if (left(mine)) return;
   page(
     'Server',
     el('h2', {}, 'Readiness'),
@@ -774,6 +798,7 @@ async function serverPage() {
 // Routing
 
 function route() {
+  navigation += 1;
   for (const stop of leaving) stop();
   leaving = [];
   const signedIn = Boolean(token());
@@ -814,7 +839,7 @@ window.addEventListener('hashchange', () => {
 });
 document.getElementById('sign-out').addEventListener('click', () => {
   forgetToken();
-  location.hash = '#/sessions';
-  route();
+  if (location.hash === '#/sessions') route();
+  else location.hash = '#/sessions';
 });
 route();

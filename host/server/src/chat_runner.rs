@@ -12,17 +12,23 @@
 //!   from `CORRAL_SECRET_NAME`) are redacted, and their tool lists are part of the checkpoint
 //!   fingerprint, so a turn paused before a tool list changed is refused on resume.
 //! - Every event the runtime emits is appended to the session's event stream under the fence.
+//! - What a turn segment needs of its agent (the parsed manifest, the model, the catalog with the
+//!   MCP tools bound, the backends, the redactor) is built once per agent definition (manifest
+//!   hash and implementation version) and kept while the MCP hub's tool lists are unchanged, so a
+//!   segment does not parse, compile and list again what the previous one built. A binding with
+//!   a server that could not be started or listed is not kept: the next segment lists again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use corral_catalog::Catalog;
+use corral_catalog::{Catalog, Redactor};
 use corral_chat::backends::{RoutingBackend, WebhookBackend};
 use corral_chat::{
     ApprovalPolicy, EventSink, Input, ModelLimits, RunError, RunEvent, RunResult,
     SandboxExecutorFactory, SinkError, StoreJournal,
 };
-use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions};
+use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions, McpListError};
 use corral_models::{Model, Provider, ProviderConfig, ScriptedModel};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{Backend, InvocationContext, Sandbox, ScriptUser, SessionLimits};
@@ -40,6 +46,54 @@ pub struct ChatTurnRunner {
     sandbox: Sandbox,
     mcp: McpHub,
     webhook_secret: Option<Arc<str>>,
+    prepared: Arc<PreparedAgents>,
+}
+
+/// What a segment needs of its agent, built from its manifest.
+struct Prepared {
+    manifest: Manifest,
+    model: Arc<dyn Model>,
+    catalog: Arc<Catalog>,
+    backend: Arc<dyn Backend>,
+    actions: Vec<String>,
+    redactor: Arc<Redactor>,
+    /// The MCP tool lists' fingerprint (empty without servers).
+    mcp_fingerprint: String,
+}
+
+/// Agents prepared by this process, by `manifest hash@implementation version`, each with the
+/// MCP hub's generation it was listed at.
+#[derive(Default)]
+struct PreparedAgents(Mutex<HashMap<String, (u64, Arc<Prepared>)>>);
+
+/// How many agent definitions are kept at most (all are dropped when more come).
+const PREPARED_AGENTS: usize = 256;
+
+impl std::fmt::Debug for PreparedAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self.0.lock().map(|map| map.len()).unwrap_or(0);
+        f.debug_struct("PreparedAgents")
+            .field("kept", &kept)
+            .finish()
+    }
+}
+
+impl PreparedAgents {
+    fn get(&self, key: &str, generation: u64) -> Option<Arc<Prepared>> {
+        let map = self.0.lock().ok()?;
+        map.get(key)
+            .filter(|(at, _)| *at == generation)
+            .map(|(_, prepared)| Arc::clone(prepared))
+    }
+
+    fn keep(&self, key: String, generation: u64, prepared: Arc<Prepared>) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= PREPARED_AGENTS && !map.contains_key(&key) {
+                map.clear();
+            }
+            map.insert(key, (generation, prepared));
+        }
+    }
 }
 
 impl ChatTurnRunner {
@@ -58,6 +112,7 @@ impl ChatTurnRunner {
             sandbox,
             mcp: hub,
             webhook_secret: None,
+            prepared: Arc::default(),
         }
     }
 
@@ -66,6 +121,59 @@ impl ChatTurnRunner {
     pub fn with_webhook_secret(mut self, secret: Option<String>) -> Self {
         self.webhook_secret = secret.map(Arc::from);
         self
+    }
+
+    /// What `job`'s segment needs of its agent: kept from an earlier segment of the same agent
+    /// definition while the MCP tool lists are unchanged, else built (and kept when every MCP
+    /// server could be listed). A manifest that cannot be used is the segment's failure.
+    async fn prepare(&self, job: &TurnJob) -> Result<Arc<Prepared>, TurnOutcome> {
+        let key = format!(
+            "{}@{}",
+            job.session.manifest_hash, job.session.implementation_version
+        );
+        let generation = self.mcp.generation();
+        if let Some(prepared) = self.prepared.get(&key, generation) {
+            return Ok(prepared);
+        }
+        let manifest = Manifest::from_value(&job.session.manifest)
+            .map_err(|error| failed("invalid_manifest", error.to_string()))?;
+        let (catalog, backend, actions) =
+            manifest_capabilities(&manifest, self.webhook_secret.as_deref())
+                .map_err(|error| failed("invalid_manifest", error))?;
+        let model = model_for(&manifest.model).map_err(|error| failed("model_error", error))?;
+        let bound = self
+            .mcp
+            .bind(
+                &manifest.mcp_servers,
+                Some(catalog),
+                Some(Arc::new(backend)),
+            )
+            .await
+            .map_err(|error| failed("mcp_error", error.to_string()))?;
+        for error in &bound.errors {
+            tracing::warn!(session = %job.session.id, "MCP: {error}");
+        }
+        // A server that could not be started or listed is listed again by the next segment; a
+        // tool left out for its definition is left out the same way every time.
+        let complete = !bound.errors.iter().any(|error| {
+            matches!(
+                error,
+                McpListError::Start(_) | McpListError::ListTools { .. }
+            )
+        });
+        let prepared = Arc::new(Prepared {
+            manifest,
+            model,
+            catalog: Arc::new(bound.catalog),
+            backend: bound.backend,
+            actions,
+            redactor: Arc::new(bound.redactor),
+            mcp_fingerprint: bound.fingerprint,
+        });
+        if complete {
+            self.prepared.keep(key, generation, Arc::clone(&prepared));
+        }
+        Ok(prepared)
     }
 
     /// Stops the MCP servers (at the server's shutdown).
@@ -304,43 +412,20 @@ impl TurnRunner for ChatTurnRunner {
     }
 
     async fn run(&self, job: TurnJob) -> TurnOutcome {
-        let manifest = match Manifest::from_value(&job.session.manifest) {
-            Ok(manifest) => manifest,
-            Err(error) => return failed("invalid_manifest", error.to_string()),
+        let prepared = match self.prepare(&job).await {
+            Ok(prepared) => prepared,
+            Err(outcome) => return outcome,
         };
-        let (catalog, backend, actions) =
-            match manifest_capabilities(&manifest, self.webhook_secret.as_deref()) {
-                Ok(parts) => parts,
-                Err(error) => return failed("invalid_manifest", error),
-            };
-        let model = match model_for(&manifest.model) {
-            Ok(model) => model,
-            Err(error) => return failed("model_error", error),
-        };
-        let bound = match self
-            .mcp
-            .bind(
-                &manifest.mcp_servers,
-                Some(catalog),
-                Some(Arc::new(backend)),
-            )
-            .await
-        {
-            Ok(bound) => bound,
-            Err(error) => return failed("mcp_error", error.to_string()),
-        };
-        for error in &bound.errors {
-            tracing::warn!(session = %job.session.id, "MCP: {error}");
-        }
+        let manifest = &prepared.manifest;
         let mut fingerprint = format!(
             "{}@{}",
             job.session.manifest_hash, job.session.implementation_version
         );
-        if !bound.fingerprint.is_empty() {
+        if !prepared.mcp_fingerprint.is_empty() {
             fingerprint.push_str("+mcp:");
-            fingerprint.push_str(&bound.fingerprint);
+            fingerprint.push_str(&prepared.mcp_fingerprint);
         }
-        let redactor = Arc::new(bound.redactor);
+        let redactor = Arc::clone(&prepared.redactor);
         let checkpoint = &job.checkpoint;
         // A checkpoint taken at a suspension carries the fingerprint it was taken under; an
         // approval keeps it. Resuming under another agent definition is refused.
@@ -362,10 +447,10 @@ impl TurnRunner for ChatTurnRunner {
             fence: job.fence.clone(),
             deltas: tokio::sync::Mutex::new((Vec::new(), None)),
         });
-        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(&manifest))
+        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(manifest))
             .with_redactor(Arc::clone(&redactor));
         let input = Input {
-            model,
+            model: Arc::clone(&prepared.model),
             limits: ModelLimits::default(),
             store: Arc::new(StoreJournal::new(
                 Arc::clone(&job.store),
@@ -377,10 +462,10 @@ impl TurnRunner for ChatTurnRunner {
             message: checkpoint.message.clone(),
             max_steps: manifest.max_steps.unwrap_or(16),
             sink: Arc::clone(&sink) as Arc<dyn EventSink>,
-            backend: bound.backend,
+            backend: Arc::clone(&prepared.backend),
             redactor,
-            capabilities: Arc::new(bound.catalog),
-            action_capabilities: actions,
+            capabilities: Arc::clone(&prepared.catalog),
+            action_capabilities: prepared.actions.clone(),
             executor_factory: Some(Arc::new(factory)),
             instructions: manifest.instructions.clone(),
             direct_tools: manifest.mode == Mode::Direct,

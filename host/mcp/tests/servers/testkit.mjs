@@ -32,7 +32,7 @@ if (mode === "never-init") {
     { name: "slow", description: "Waits ms milliseconds.", inputSchema: object({ ms: { type: "integer" } }, ["ms"]) },
     {
       name: "stats", description: "What this process has seen.", inputSchema: object(),
-      outputSchema: object({ pid: { type: "integer" }, calls: { type: "object", additionalProperties: { type: "integer" } }, cancelled: { type: "integer" } }, ["pid", "calls", "cancelled"]),
+      outputSchema: object({ pid: { type: "integer" }, calls: { type: "object", additionalProperties: { type: "integer" } }, cancelled: { type: "integer" }, lists: { type: "integer" } }, ["pid", "calls", "cancelled", "lists"]),
     },
     { name: "strict", description: "Takes an integer.", inputSchema: object({ n: { type: "integer" } }, ["n"]) },
     { name: "fail", description: "Always fails.", inputSchema: object({ message: { type: "string" } }, ["message"]) },
@@ -48,6 +48,7 @@ if (mode === "never-init") {
   ];
   const calls = {};
   let cancelled = 0;
+  let lists = 0; // tools/list requests for the first page: how often the client listed
   let inFlight = 0;
   const waiting = [];
   const text = (t) => ({ content: [{ type: "text", text: String(t) }] });
@@ -55,6 +56,7 @@ if (mode === "never-init") {
   const server = new Server({ name: "corral-testkit", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
   server.setRequestHandler(ListToolsRequestSchema, async (request) => {
     const start = Number(request.params?.cursor ?? 0);
+    if (start === 0) lists += 1;
     const page = tools.slice(start, start + 3);
     const next = start + 3 < tools.length ? String(start + 3) : undefined;
     return next === undefined ? { tools: page } : { tools: page, nextCursor: next };
@@ -92,7 +94,7 @@ if (mode === "never-init") {
           });
         });
       case "stats": {
-        const value = { pid: process.pid, calls, cancelled };
+        const value = { pid: process.pid, calls, cancelled, lists };
         return { ...text(JSON.stringify(value)), structuredContent: value };
       }
       case "strict": return text(args.n);
