@@ -49,12 +49,18 @@ struct Chat {
     child: Child,
     stderr: Arc<Mutex<String>>,
     stdout: Arc<Mutex<String>>,
+    /// The threads reading stderr and stdout: they end at the pipes' end.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
-fn collect(mut from: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+/// Collects what `from` gives, as it arrives, on a thread of its own (returned: joining it
+/// waits until the pipe is closed and read to its end).
+fn collect(
+    mut from: impl std::io::Read + Send + 'static,
+) -> (Arc<Mutex<String>>, std::thread::JoinHandle<()>) {
     let text = Arc::new(Mutex::new(String::new()));
     let sink = Arc::clone(&text);
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         let mut chunk = [0u8; 1024];
         loop {
             match from.read(&mut chunk) {
@@ -67,12 +73,12 @@ fn collect(mut from: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> 
             }
         }
     });
-    text
+    (text, reader)
 }
 
 impl Chat {
     fn start(dir: &Path, backend_url: &str) -> Chat {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
             .arg("chat")
             .arg("--model")
             .arg(format!("scripted:{}", dir.join("replies.json").display()))
@@ -89,12 +95,18 @@ impl Chat {
             .stderr(Stdio::piped())
             .spawn()
             .expect("corral chat starts");
-        let stderr = collect(child.stderr.take().expect("stderr"));
-        let stdout = collect(child.stdout.take().expect("stdout"));
+        Chat::watch(child)
+    }
+
+    /// Collects the stderr and stdout of a started `corral chat`.
+    fn watch(mut child: Child) -> Chat {
+        let (stderr, stderr_reader) = collect(child.stderr.take().expect("stderr"));
+        let (stdout, stdout_reader) = collect(child.stdout.take().expect("stdout"));
         Chat {
             child,
             stderr,
             stdout,
+            readers: vec![stderr_reader, stdout_reader],
         }
     }
 
@@ -127,8 +139,10 @@ impl Chat {
     fn finish(mut self) -> (Option<i32>, String, String) {
         drop(self.child.stdin.take());
         let status = self.child.wait().expect("corral chat exits");
-        // Let the reader threads drain the pipes.
-        std::thread::sleep(Duration::from_millis(100));
+        // The pipes are closed with the process: the readers end once they have read it all.
+        for reader in self.readers.drain(..) {
+            reader.join().expect("a pipe reader");
+        }
         let stdout = self.stdout.lock().map(|s| s.clone()).unwrap_or_default();
         (status.code(), stdout, self.stderr())
     }
@@ -232,7 +246,7 @@ fn a_cut_result_is_read_whole_by_the_next_script() {
         {"text": "There are 20000 rows."}
     ]);
     std::fs::write(dir.path().join("replies.json"), replies.to_string()).expect("replies");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+    let child = Command::new(env!("CARGO_BIN_EXE_corral"))
         .arg("chat")
         .arg("--model")
         .arg(format!(
@@ -248,11 +262,7 @@ fn a_cut_result_is_read_whole_by_the_next_script() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("corral chat starts");
-    let mut chat = Chat {
-        stderr: collect(child.stderr.take().expect("stderr")),
-        stdout: collect(child.stdout.take().expect("stdout")),
-        child,
-    };
+    let mut chat = Chat::watch(child);
     chat.wait_for("you> ", 1);
     chat.type_line("how many rows?");
     chat.wait_for("you> ", 2);

@@ -54,7 +54,6 @@ async fn a_turn_runs_two_calls_concurrently_in_one_script() {
     let parts = Parts::new(json!([js(TWO_SLEEPS), {"text": "slept 300 in all"}]));
     let mut input = parts.input(&store, "turn-1", "sleep twice");
     input.auto_confirm = true;
-    let started = Instant::now();
     let RunResult::Completed {
         text, steps, items, ..
     } = run_ok(input).await
@@ -67,10 +66,6 @@ async fn a_turn_runs_two_calls_concurrently_in_one_script() {
         parts.backend.peak_in_flight.load(Ordering::SeqCst),
         2,
         "both calls were in flight at once"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(290),
-        "the sleeps overlapped"
     );
     let (content, is_error) = last_tool_message(&parts.model.requests());
     assert!(!is_error, "{content}");
@@ -497,12 +492,13 @@ async fn calls_policy_on_postgres() {
     let _ = server.drop_database("corral_chat_calls").await;
 }
 
-/// Runs in a child process (see `an_effect_in_flight_at_a_crash_becomes_uncertain`).
+/// Not a test: the child process `an_effect_in_flight_at_a_crash_becomes_uncertain` starts
+/// (with `--ignored`) and kills in the middle of a call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of an_effect_in_flight_at_a_crash_becomes_uncertain"]
 async fn crash_child_process() {
-    let Ok(folder) = std::env::var("CORRAL_CHAT_CRASH_DIR") else {
-        return;
-    };
+    let folder = std::env::var("CORRAL_CHAT_CRASH_DIR")
+        .expect("run by an_effect_in_flight_at_a_crash_becomes_uncertain, which sets it");
     let store = open_store(std::path::Path::new(&folder)).await;
     let parts = Parts::new(json!([js("return await tools.t.block({});")]));
     let mut input = parts.input(&store, "turn-1", "block");
@@ -521,7 +517,7 @@ async fn an_effect_in_flight_at_a_crash_becomes_uncertain() {
     let dir = dir();
     let exe = std::env::current_exe().expect("test binary");
     let mut child = std::process::Command::new(exe)
-        .args(["crash_child_process", "--exact", "--nocapture"])
+        .args(["crash_child_process", "--exact", "--ignored", "--nocapture"])
         .env("CORRAL_CHAT_CRASH_DIR", dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
