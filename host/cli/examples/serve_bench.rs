@@ -95,6 +95,9 @@ fn corral_binary() -> anyhow::Result<PathBuf> {
 }
 
 impl Server {
+    /// A server whose per-client limits (connections, streams per token, commands per tenant)
+    /// are far above what the benchmark sends from its one token: it measures the server's
+    /// capacity, not the limits that protect it.
     fn start(store: &str) -> anyhow::Result<Server> {
         let folder = tempfile::tempdir()?;
         let store = store.replace("{folder}", &folder.path().display().to_string());
@@ -103,7 +106,9 @@ impl Server {
             &config,
             format!(
                 "listen = \"127.0.0.1:0\"\nstore = \"{store}\"\nleaseMs = 30000\n\
-                 [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n"
+                 [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
+                 [limits]\nmaxConnections = 4000\nsseStreamsPerToken = 4000\n\
+                 commandsPerSecond = 1000000\ncommandBurst = 1000000\n"
             ),
         )?;
         let mut child = Command::new(corral_binary()?)

@@ -389,15 +389,21 @@ impl Runtime {
         }
         let page = self
             .store
-            .page_sessions(&filter, query.after.as_deref(), limit + 1)
+            .page_sessions(&filter, query.after.as_deref(), limit)
             .await
             .map_err(|e| ApiError::from_store("list sessions", e))?;
-        let more = page.len() > limit;
-        let page: Vec<Session> = page.into_iter().take(limit).collect();
-        let next = if more {
-            page.last().map(|s| s.id.clone())
-        } else {
-            None
+        // A full page has a next one only if a session follows it (asked for separately: the
+        // store's pages are at most the API's largest `limit`).
+        let next = match page.last() {
+            Some(last) if page.len() == limit => {
+                let after = self
+                    .store
+                    .page_sessions(&filter, Some(last.id.as_str()), 1)
+                    .await
+                    .map_err(|e| ApiError::from_store("list sessions", e))?;
+                (!after.is_empty()).then(|| last.id.clone())
+            }
+            _ => None,
         };
         Ok(SessionList {
             sessions: page

@@ -293,7 +293,12 @@ async fn a_client_that_does_not_read_never_blocks_the_turn() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_aborts_turns_releases_the_store_and_a_restart_resumes_them() {
-    let h = Harness::start().await;
+    // A grace period shorter than the turn's 1.5 s of calls: the shutdown stops it.
+    let h = Harness::start_with(Options {
+        shutdown_grace: Some(Duration::from_millis(100)),
+        ..Options::default()
+    })
+    .await;
     h.register_agent().await;
     h.session("s1", OPERATOR).await;
     h.message("s1", "k1", "tool sleep:1500 tool").await;

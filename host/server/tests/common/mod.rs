@@ -79,6 +79,8 @@ pub struct Options {
     pub keep_alive: Duration,
     /// The `[limits]` table (host/server/tests/limits.rs).
     pub limits: corral_server::limits::Limits,
+    /// `shutdownGraceMs`, when not the default.
+    pub shutdown_grace: Option<Duration>,
 }
 
 impl Default for Options {
@@ -88,6 +90,7 @@ impl Default for Options {
             send_timeout: Duration::from_secs(5),
             keep_alive: Duration::from_secs(15),
             limits: corral_server::limits::Limits::default(),
+            shutdown_grace: None,
         }
     }
 }
@@ -137,6 +140,9 @@ impl Harness {
         config.sse_send_timeout = options.send_timeout;
         config.sse_keep_alive = options.keep_alive;
         config.limits = options.limits;
+        if let Some(grace) = options.shutdown_grace {
+            config.shutdown_grace = grace;
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
