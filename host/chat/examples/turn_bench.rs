@@ -94,6 +94,7 @@ impl Bench {
             fingerprint: "bench".into(),
             decisions: BTreeMap::new(),
             resume: None,
+            trace_context: None,
         })
     }
 

@@ -17,6 +17,11 @@
 //! HMAC-SHA256, keyed with the secret, of `<t>.<body>` (the exact bytes sent). A receiver
 //! recomputes it over the raw body, compares in constant time, and refuses a timestamp outside
 //! its replay window ([`verify_signature`] does all three; five minutes is usual).
+//!
+//! # Trace context
+//!
+//! With tracing on (docs/tracing.md), every request carries the W3C `traceparent` (and
+//! `tracestate`) of the call's `execute_tool` span, so a receiver's spans join the turn's trace.
 
 use corral_sandbox::{Backend, Invocation, InvocationContext, InvokeCapabilityError, ToolResult};
 use serde::{Deserialize, Serialize};
@@ -203,6 +208,11 @@ impl Backend for WebhookBackend {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
             post = post.header(SIGNATURE_HEADER, signature(secret, now, &body));
+        }
+        // The call's span (`execute_tool {capability}`) as the W3C trace context: the
+        // receiver's own spans join the turn's trace.
+        for (name, value) in corral_telemetry::trace_headers() {
+            post = post.header(name, value);
         }
         let mut response = post
             .body(body)

@@ -70,7 +70,7 @@ pub use fit::{
 pub use journal::{ActionRequest, ConversationStore, JournalError, Journaled, StoreJournal};
 pub use js_tool::{CloseJavaScriptTool, JavaScriptTool, UseJavaScriptToolError, javascript_tool};
 pub use run::{RUN_JS, check_suspension, direct_tool_name, run, run_js_tool};
-pub use sink::{EventSink, NullSink, RunEvent, RunEventKind, SinkError, VecSink};
+pub use sink::{CallCost, EventSink, NullSink, RunEvent, RunEventKind, SinkError, VecSink};
 pub use types::{
     ApprovalPolicy, ConversationItem, Decision, Input, Interaction, ModelLimits, Resume, RunError,
     RunResult, SuspensionContext, conversation_from_items,

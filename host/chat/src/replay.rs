@@ -76,6 +76,13 @@ pub(crate) struct CallJournal {
     /// Batch records not yet written: flushed before any new effect begins and when the script
     /// ends, so nothing outside can observe a batch the journal does not have.
     pub(crate) unflushed: Mutex<Vec<(String, Value)>>,
+    /// The span of the model tool call being run (`execute_tool run_js`): every capability
+    /// call's span is its child, whichever task the sandbox runs the call on.
+    pub(crate) span: Mutex<tracing::Span>,
+    /// Redacts what content capture records (as events are redacted).
+    pub(crate) redactor: Arc<corral_catalog::Redactor>,
+    /// What each capability call of the current tool call cost (`tool.finished`).
+    pub(crate) costs: Mutex<Vec<crate::sink::CallCost>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,9 +93,32 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl CallJournal {
     pub(crate) fn set_tool(&self, tool_id: &str) {
+        lock(&self.costs).clear();
         *lock(&self.tool_id) = tool_id.to_string();
         *lock(&self.held) = HeldState::default();
         lock(&self.unflushed).clear();
+    }
+
+    pub(crate) fn set_span(&self, span: tracing::Span) {
+        *lock(&self.span) = span;
+    }
+
+    fn span(&self) -> tracing::Span {
+        lock(&self.span).clone()
+    }
+
+    /// The costs of the calls since [`CallJournal::set_tool`], in the order they started.
+    pub(crate) fn take_costs(&self) -> Vec<crate::sink::CallCost> {
+        std::mem::take(&mut *lock(&self.costs))
+    }
+
+    fn cost(&self, effect_id: &str, capability_id: &str, wall_us: u64, replayed: bool) {
+        lock(&self.costs).push(crate::sink::CallCost {
+            effect_id: effect_id.to_owned(),
+            capability_id: capability_id.to_owned(),
+            wall_us,
+            replayed,
+        });
     }
 
     pub(crate) fn take_held(&self) -> HeldState {
@@ -149,6 +179,12 @@ impl CallJournal {
                 value: None,
             },
             None => {
+                tracing::info!(
+                    target: corral_telemetry::TARGET,
+                    parent: &self.span(),
+                    interaction_id = %id,
+                    "approval.requested"
+                );
                 lock(&self.held).interactions.push(interaction);
                 return Ok(Some(CallOutcome::Held(HoldReason::Approval)));
             }
@@ -163,6 +199,14 @@ impl CallJournal {
                 json!({"approved": decision.approved, "reason": decision.reason, "auto": self.auto_confirm && !self.decisions.contains_key(&id)}),
             )
             .await?;
+        tracing::info!(
+            target: corral_telemetry::TARGET,
+            parent: &self.span(),
+            interaction_id = %id,
+            approved = decision.approved,
+            replayed = recorded != Journaled::New,
+            "approval.resolved"
+        );
         if recorded == Journaled::New {
             let auto = !self.decisions.contains_key(&id);
             if auto {
@@ -197,8 +241,69 @@ impl CallJournal {
         &self,
         effect_id: &str,
         context: &InvocationContext,
+        invocation: Invocation,
+    ) -> Result<CallOutcome, JournalError> {
+        use tracing::Instrument as _;
+        let capability = invocation.capability_id.as_str();
+        let name = format!("execute_tool {capability}");
+        let span = tracing::info_span!(
+            target: corral_telemetry::TARGET,
+            parent: &self.span(),
+            "execute_tool",
+            otel.name = name.as_str(),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = capability,
+            gen_ai.tool.call.id = effect_id,
+            corral.effect_id = effect_id,
+            // A call reaches the journal only once its input passed the catalog's schema.
+            corral.validation = "passed",
+            corral.action = self.actions.iter().any(|a| a == capability),
+            corral.replayed = tracing::field::Empty,
+            corral.outcome = tracing::field::Empty,
+            corral.queue_us = tracing::field::Empty,
+            gen_ai.tool.call.arguments = tracing::field::Empty,
+            gen_ai.tool.call.result = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let result = self
+            .call_traced(effect_id, context, invocation)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(CallOutcome::Done(Ok(_))) => "ok",
+            Ok(CallOutcome::Done(Err(error))) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", error_kind(error));
+                "error"
+            }
+            Ok(CallOutcome::Held(HoldReason::Action)) => "waiting",
+            Ok(CallOutcome::Held(HoldReason::Uncertain)) => "uncertain",
+            Ok(CallOutcome::Held(_)) => "held",
+            Err(_) => {
+                span.record("otel.status_code", "ERROR");
+                "journal_error"
+            }
+        };
+        span.record("corral.outcome", outcome);
+        result
+    }
+
+    async fn call_traced(
+        &self,
+        effect_id: &str,
+        context: &InvocationContext,
         mut invocation: Invocation,
     ) -> Result<CallOutcome, JournalError> {
+        let span = tracing::Span::current();
+        let capture = corral_telemetry::capture_content() && !span.is_disabled();
+        if capture {
+            let mut input = invocation.input.clone();
+            self.redactor.redact_json(&mut input);
+            span.record("gen_ai.tool.call.arguments", input.to_string());
+        }
+        let queued = std::time::Instant::now();
         self.flush_batches().await?;
         // Backends and executors see the journal's effect id as the call id: it is the same
         // across restarts and replays, so a call an operator retries arrives with the id of its
@@ -209,9 +314,18 @@ impl CallJournal {
             .actions
             .iter()
             .any(|a| a == &invocation.capability_id)
-            .then(|| ActionRequest {
-                capability_id: invocation.capability_id.clone(),
-                request: json!({"input": invocation.input, "toolCallId": invocation.tool_call_id}),
+            .then(|| {
+                let mut request =
+                    json!({"input": invocation.input, "toolCallId": invocation.tool_call_id});
+                // The executor joins the turn's trace: the call span's W3C trace context goes
+                // with the action (the action view's `traceparent` and `tracestate`).
+                for (name, value) in corral_telemetry::trace_headers() {
+                    request[name] = Value::String(value);
+                }
+                ActionRequest {
+                    capability_id: invocation.capability_id.clone(),
+                    request,
+                }
             });
         let is_action = action.is_some();
         let journaled = self
@@ -224,12 +338,28 @@ impl CallJournal {
                 action,
             )
             .await?;
+        // Replayed: taken from the journal, never executed again (an operator's retry of an
+        // uncertain call is executed again, and says so).
+        span.record(
+            "corral.replayed",
+            matches!(journaled, Journaled::Completed(_)),
+        );
         match journaled {
-            Journaled::Completed(outcome) => Ok(CallOutcome::Done(outcome_from_json(
-                &invocation.capability_id,
-                &outcome,
-            ))),
+            Journaled::Completed(outcome) => {
+                let wall_us = outcome["wallUs"].as_u64().unwrap_or(0);
+                self.cost(effect_id, &invocation.capability_id, wall_us, true);
+                if capture {
+                    let mut shown = outcome.clone();
+                    self.redactor.redact_json(&mut shown);
+                    span.record("gen_ai.tool.call.result", shown.to_string());
+                }
+                Ok(CallOutcome::Done(outcome_from_json(
+                    &invocation.capability_id,
+                    &outcome,
+                )))
+            }
             Journaled::Uncertain => {
+                tracing::info!(target: corral_telemetry::TARGET, effect_id, "effect.uncertain");
                 lock(&self.held).uncertain.push(effect_id.to_string());
                 Ok(CallOutcome::Held(HoldReason::Uncertain))
             }
@@ -240,19 +370,43 @@ impl CallJournal {
             Journaled::New | Journaled::Pending => {
                 if journaled == Journaled::Pending {
                     // An operator asked for a retry of an uncertain call.
+                    tracing::info!(target: corral_telemetry::TARGET, effect_id, "effect.retried");
                     self.store.restart(effect_id).await?;
                 }
                 let mut context = context.clone();
                 context
                     .attributes
                     .insert("effectId".to_owned(), Value::String(effect_id.to_owned()));
+                span.record(
+                    "corral.queue_us",
+                    u64::try_from(queued.elapsed().as_micros()).unwrap_or(u64::MAX),
+                );
+                let capability_id = invocation.capability_id.clone();
+                let started = std::time::Instant::now();
                 let result = self.inner.invoke(&context, invocation).await;
-                self.store
-                    .complete(effect_id, outcome_to_json(&result))
-                    .await?;
+                let wall_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.cost(effect_id, &capability_id, wall_us, false);
+                if capture && let Ok(done) = &result {
+                    let mut shown = done.output.clone();
+                    self.redactor.redact_json(&mut shown);
+                    span.record("gen_ai.tool.call.result", shown.to_string());
+                }
+                let mut outcome = outcome_to_json(&result);
+                // Kept beside the outcome, so a replay reports what the call cost when it ran.
+                outcome["wallUs"] = Value::from(wall_us);
+                self.store.complete(effect_id, outcome).await?;
                 Ok(CallOutcome::Done(result))
             }
         }
+    }
+}
+
+/// The `error.type` of a failed call.
+fn error_kind(error: &InvokeCapabilityError) -> &'static str {
+    match error {
+        InvokeCapabilityError::PermissionDenied { .. } => "permission_denied",
+        InvokeCapabilityError::UnknownCapability { .. } => "unknown_capability",
+        _ => "failed",
     }
 }
 

@@ -74,7 +74,111 @@ pub fn check_suspension(suspension: &SuspensionContext, input: &Input) -> Result
 
 /// Runs (or re-runs, from the journal) one turn until it completes, suspends, waits, fails or
 /// is cancelled through `ctx`. The executor, if one was allocated, is closed on every exit.
+///
+/// The run is one `invoke_agent {agent}` span (docs/tracing.md): a child of the command that
+/// started the turn ([`Input::trace_context`]) on its first run, a new trace linked to it when
+/// the turn is resumed (after an approval, an executor's result or a restart).
 pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, RunError> {
+    use tracing::Instrument as _;
+    let span = agent_span(&input).await;
+    let result = run_turn(ctx, input).instrument(span.clone()).await;
+    let outcome = match &result {
+        Ok(RunResult::Completed { usage, .. }) => {
+            span.record("gen_ai.usage.input_tokens", usage.input_tokens);
+            span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+            "completed"
+        }
+        Ok(RunResult::Suspended { suspension }) => {
+            tracing::info!(target: corral_telemetry::TARGET, parent: &span, interactions = suspension.pending.len(), "turn.suspended");
+            "suspended"
+        }
+        Ok(RunResult::Waiting { effect_ids }) => {
+            tracing::info!(target: corral_telemetry::TARGET, parent: &span, effect_ids = ?effect_ids, "turn.waiting");
+            "waiting"
+        }
+        Ok(RunResult::Uncertain { effect_ids }) => {
+            tracing::info!(target: corral_telemetry::TARGET, parent: &span, effect_ids = ?effect_ids, "effect.uncertain");
+            "uncertain"
+        }
+        Ok(RunResult::StepBudgetExhausted { .. }) => "step_budget_exhausted",
+        Ok(RunResult::Cancelled) => "cancelled",
+        Ok(RunResult::Failed { code, .. }) => {
+            span.record("error.type", code.as_str());
+            span.record("otel.status_code", "ERROR");
+            "failed"
+        }
+        Err(error) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", error.to_string().as_str());
+            "error"
+        }
+    };
+    span.record("corral.outcome", outcome);
+    result
+}
+
+/// The `invoke_agent` span of one run of `input`'s turn, with its attribution; see [`run`].
+async fn agent_span(input: &Input) -> tracing::Span {
+    let agent = input
+        .context
+        .attributes
+        .get("agentId")
+        .and_then(Value::as_str)
+        .unwrap_or("corral");
+    let session = if input.context.session_id.is_empty() {
+        input.turn_id.as_str()
+    } else {
+        input.context.session_id.as_str()
+    };
+    let name = format!("invoke_agent {agent}");
+    let span = tracing::info_span!(
+        target: corral_telemetry::TARGET,
+        parent: None,
+        "invoke_agent",
+        otel.name = name.as_str(),
+        otel.kind = "internal",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = agent,
+        gen_ai.conversation.id = session,
+        corral.session = session,
+        corral.tenant = input.context.tenant_id.as_deref().unwrap_or_default(),
+        corral.owner = input.context.user_id.as_deref().unwrap_or_default(),
+        corral.turn_id = input.turn_id.as_str(),
+        corral.resumed = tracing::field::Empty,
+        corral.outcome = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if !corral_telemetry::enabled() || span.is_disabled() {
+        return span;
+    }
+    // A run that finds its first model call journaled (or decisions taken) continues the turn.
+    let resumed = input.resume.is_some()
+        || !input.decisions.is_empty()
+        || matches!(
+            input
+                .store
+                .lookup(&format!("{}:s0:model", input.turn_id))
+                .await,
+            Ok(Some(_))
+        );
+    span.record("corral.resumed", resumed);
+    if let Some(origin) = input.trace_context.as_deref() {
+        if resumed {
+            // Some trace stores (Phoenix) keep no links: the origin is an attribute as well.
+            corral_telemetry::add_link(&span, origin);
+            corral_telemetry::set_attribute(&span, "corral.trace.origin", origin.to_owned());
+            tracing::info!(target: corral_telemetry::TARGET, parent: &span, "turn.resumed");
+        } else {
+            corral_telemetry::set_remote_parent(&span, origin, None);
+        }
+    }
+    span
+}
+
+async fn run_turn(ctx: &CancellationToken, input: Input) -> Result<RunResult, RunError> {
     if input.max_steps == 0 {
         return Err(RunError::Usage("the step budget must be positive".into()));
     }
@@ -154,6 +258,9 @@ pub async fn run(ctx: &CancellationToken, input: Input) -> Result<RunResult, Run
         tool_id: Default::default(),
         held: Default::default(),
         unflushed: Default::default(),
+        span: std::sync::Mutex::new(tracing::Span::none()),
+        redactor: Arc::clone(&input.redactor),
+        costs: Default::default(),
     });
     let mut messages = conversation_from_items(&history);
     let user = Message::User {
@@ -358,8 +465,81 @@ impl Turn<'_> {
         Ok(None)
     }
 
-    /// One model call through the journal. `Ok(Err(stop))` ends the run.
+    /// One model call through the journal, in a `chat {model}` span. `Ok(Err(stop))` ends the
+    /// run.
     async fn model_effect(
+        &mut self,
+        step: u32,
+        effect_id: &str,
+        request: ModelRequest,
+        stream_text: bool,
+    ) -> Result<Result<ModelResponse, RunResult>, RunError> {
+        use tracing::Instrument as _;
+        let described = self.input.model.describe();
+        let (provider, model) = described
+            .split_once(':')
+            .unwrap_or((described.as_str(), described.as_str()));
+        let name = format!("chat {model}");
+        let span = tracing::info_span!(
+            target: corral_telemetry::TARGET,
+            "chat",
+            otel.name = name.as_str(),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = provider,
+            gen_ai.request.model = model,
+            gen_ai.request.max_tokens = request.max_output_tokens,
+            corral.effect_id = effect_id,
+            corral.step = step,
+            corral.replayed = tracing::field::Empty,
+            corral.time_to_first_chunk_ms = tracing::field::Empty,
+            corral.chunks = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            gen_ai.response.finish_reasons = tracing::field::Empty,
+            gen_ai.input.messages = tracing::field::Empty,
+            gen_ai.output.messages = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        if corral_telemetry::capture_content() && !span.is_disabled() {
+            let mut messages = serde_json::to_value(&request.messages).unwrap_or(Value::Null);
+            self.input.redactor.redact_json(&mut messages);
+            span.record("gen_ai.input.messages", messages.to_string());
+        }
+        let result = self
+            .model_call(step, effect_id, request, stream_text)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(Ok(response)) => {
+                span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
+                span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
+                let reason = match &response.stop_reason {
+                    corral_models::StopReason::Other(reason) => reason.clone(),
+                    known => serde_json::to_value(known)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                };
+                span.record("gen_ai.response.finish_reasons", reason.as_str());
+                if corral_telemetry::capture_content() && !span.is_disabled() {
+                    let mut output =
+                        json!({"text": response.text, "toolCalls": response.tool_calls});
+                    self.input.redactor.redact_json(&mut output);
+                    span.record("gen_ai.output.messages", output.to_string());
+                }
+            }
+            Ok(Err(RunResult::Failed { code, .. })) => {
+                span.record("error.type", code.as_str());
+                span.record("otel.status_code", "ERROR");
+            }
+            _ => {}
+        }
+        result
+    }
+
+    async fn model_call(
         &mut self,
         step: u32,
         effect_id: &str,
@@ -387,16 +567,27 @@ impl Turn<'_> {
             Ok(journaled) => journaled,
             Err(error) => return journal_stop(error).map(Err),
         };
+        let span = tracing::Span::current();
+        span.record(
+            "corral.replayed",
+            matches!(journaled, Journaled::Completed(_)),
+        );
         match journaled {
             Journaled::Completed(outcome) => return Ok(model_outcome(outcome)),
             Journaled::Uncertain => {
+                tracing::info!(target: corral_telemetry::TARGET, effect_id, "effect.uncertain");
                 return Ok(Err(RunResult::Uncertain {
                     effect_ids: vec![effect_id.to_string()],
                 }));
             }
-            Journaled::Pending => self.store.restart(effect_id).await?,
+            Journaled::Pending => {
+                tracing::info!(target: corral_telemetry::TARGET, effect_id, "effect.retried");
+                self.store.restart(effect_id).await?
+            }
             Journaled::New => {}
         }
+        let started = std::time::Instant::now();
+        let mut chunks = 0u64;
         let (deltas, mut receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
         let model = Arc::clone(&self.input.model);
         let policy = RetryPolicy::default();
@@ -411,11 +602,16 @@ impl Turn<'_> {
                 biased;
                 () = self.ctx.cancelled() => return Ok(Err(RunResult::Cancelled)),
                 Some(text) = receiver.recv() => {
+                    if chunks == 0 {
+                        span.record("corral.time_to_first_chunk_ms", elapsed_ms(started));
+                    }
+                    chunks += 1;
                     self.emitter.emit(step, RunEventKind::TextDelta { text }).await;
                 }
                 result = &mut call => break result,
             }
         };
+        span.record("corral.chunks", chunks);
         while let Ok(text) = receiver.try_recv() {
             self.emitter
                 .emit(step, RunEventKind::TextDelta { text })
@@ -429,7 +625,66 @@ impl Turn<'_> {
         Ok(model_outcome(outcome))
     }
 
+    /// One tool call of the model in an `execute_tool {tool}` span: `run_js` (the script's
+    /// costs on the span, each capability call a child span) or a direct capability.
     async fn tool_call(
+        &mut self,
+        step: u32,
+        tool_id: &str,
+        call: &ToolCall,
+    ) -> Result<ToolEnd, RunError> {
+        use tracing::Instrument as _;
+        let name = format!("execute_tool {}", call.name);
+        let span = tracing::info_span!(
+            target: corral_telemetry::TARGET,
+            "execute_tool",
+            otel.name = name.as_str(),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = call.name.as_str(),
+            gen_ai.tool.call.id = call.id.as_str(),
+            corral.effect_id = tool_id,
+            corral.step = step,
+            corral.replayed = tracing::field::Empty,
+            corral.fuel = tracing::field::Empty,
+            corral.wall_us = tracing::field::Empty,
+            corral.peak_memory_bytes = tracing::field::Empty,
+            corral.calls = tracing::field::Empty,
+            corral.peak_concurrent_calls = tracing::field::Empty,
+            corral.limit = tracing::field::Empty,
+            corral.is_error = tracing::field::Empty,
+            gen_ai.tool.call.arguments = tracing::field::Empty,
+            gen_ai.tool.call.result = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        if corral_telemetry::capture_content() && !span.is_disabled() {
+            let mut arguments = call.arguments.clone();
+            self.input.redactor.redact_json(&mut arguments);
+            span.record("gen_ai.tool.call.arguments", arguments.to_string());
+        }
+        self.journal.set_span(span.clone());
+        let end = self
+            .tool_call_traced(step, tool_id, call)
+            .instrument(span.clone())
+            .await;
+        self.journal.set_span(tracing::Span::none());
+        if let Ok(ToolEnd::Result { content, is_error }) = &end {
+            span.record("corral.is_error", *is_error);
+            if *is_error {
+                span.record("otel.status_code", "ERROR");
+            }
+            if corral_telemetry::capture_content() && !span.is_disabled() {
+                span.record(
+                    "gen_ai.tool.call.result",
+                    &*self.input.redactor.redact_text(content),
+                );
+            }
+        }
+        end
+    }
+
+    async fn tool_call_traced(
         &mut self,
         step: u32,
         tool_id: &str,
@@ -437,7 +692,15 @@ impl Turn<'_> {
     ) -> Result<ToolEnd, RunError> {
         let turn_id = self.input.turn_id.clone();
         let result_id = format!("{tool_id}:result");
+        let span = tracing::Span::current();
         if let Some(Journaled::Completed(done)) = self.store.lookup(&result_id).await? {
+            // Taken from the journal: what the script cost when it ran, not run again.
+            span.record("corral.replayed", true);
+            for (field, key) in [("corral.fuel", "fuel"), ("corral.wall_us", "wallUs")] {
+                if let Some(value) = done[key].as_u64() {
+                    span.record(field, value);
+                }
+            }
             // What the model was shown: the cut form when the whole did not fit.
             let shown = done.get("shown").unwrap_or(&done["content"]);
             return Ok(ToolEnd::Result {
@@ -481,6 +744,11 @@ impl Turn<'_> {
             Err(stop) => return Ok(ToolEnd::Stop(stop)),
         };
         let wall_us = u64::try_from(started_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let call_costs = self.journal.take_costs();
+        span.record("corral.replayed", false);
+        span.record("corral.fuel", fuel);
+        span.record("corral.wall_us", wall_us);
+        span.record("corral.calls", calls);
         let budget = self.input.limits.result_tokens as usize;
         let in_script = !self.input.direct_tools && call.name == RUN_JS;
         let fitted = fit_content(&content, budget, in_script.then(|| result_id_of(tool_id)));
@@ -525,6 +793,7 @@ impl Turn<'_> {
                         wall_us,
                         calls,
                         whole_bytes,
+                        call_costs,
                     },
                 )
                 .await;
@@ -545,6 +814,7 @@ impl Turn<'_> {
             pending: pending.clone(),
             decisions: self.decisions.clone(),
             fingerprint: Some(self.input.fingerprint.clone()),
+            trace_context: self.input.trace_context.clone(),
         };
         self.store.save_checkpoint(&suspension).await?;
         for interaction in &pending {
@@ -670,6 +940,16 @@ impl Turn<'_> {
         }
         if executor.is_discarded() {
             self.executor = None;
+        }
+        let span = tracing::Span::current();
+        span.record("corral.peak_memory_bytes", report.stats.peak_memory_bytes);
+        span.record(
+            "corral.peak_concurrent_calls",
+            report.stats.peak_concurrent_calls,
+        );
+        if let Err(ExecError::LimitExceeded { limit, .. }) = &report.outcome {
+            span.record("corral.limit", limit.kind());
+            span.record("error.type", limit.kind());
         }
         let held = self.journal.take_held();
         match &report.outcome {
@@ -878,6 +1158,10 @@ fn fit_content(
             Some((shown, whole_bytes, value))
         }
     }
+}
+
+fn elapsed_ms(since: std::time::Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 fn result_id_of(tool_id: &str) -> String {

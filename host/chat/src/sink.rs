@@ -8,6 +8,21 @@ use serde_json::Value;
 
 use crate::types::Interaction;
 
+/// What one capability call cost, in `tool.finished`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallCost {
+    /// The call's effect id (its `tool_call_id` at the backend).
+    pub effect_id: String,
+    /// The capability.
+    pub capability_id: String,
+    /// Wall time of the backend call in microseconds, as measured when it was performed (0 when
+    /// the journal has no measure, or it did not complete).
+    pub wall_us: u64,
+    /// Taken from the journal in this run (performed in an earlier one), not performed again.
+    pub replayed: bool,
+}
+
 /// One event of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -66,6 +81,10 @@ pub enum RunEventKind {
         /// (the journal keeps the whole); absent when nothing was cut.
         #[serde(skip_serializing_if = "Option::is_none")]
         whole_bytes: Option<usize>,
+        /// Each capability call of the script (or the direct tool's one call), in the order
+        /// they were started: what each cost.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        call_costs: Vec<CallCost>,
     },
     /// A gate needs a decision.
     #[serde(rename = "permission.requested")]

@@ -119,6 +119,10 @@ pub struct Input {
     pub decisions: BTreeMap<String, Decision>,
     /// Set when resuming a permission suspension.
     pub resume: Option<Resume>,
+    /// The W3C `traceparent` of the command that started the turn (the checkpoint's
+    /// `traceContext`): the turn's first run joins that trace, a resumed run links to it. Kept
+    /// in the checkpoint a suspension writes.
+    pub trace_context: Option<String>,
 }
 
 impl std::fmt::Debug for Input {

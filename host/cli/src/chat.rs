@@ -104,6 +104,8 @@ struct Chat {
     /// The running turn's cancellation: Ctrl-C cancels it; with no turn running (at a
     /// prompt), Ctrl-C ends the chat.
     running: Arc<std::sync::Mutex<Option<CancellationToken>>>,
+    /// Flushes the traces when the chat ends.
+    _tracing: crate::logging::Tracing,
 }
 
 /// Where a turn left the chat.
@@ -253,7 +255,7 @@ impl Chat {
             None if !servers.is_empty() => (None, None),
             None => (Some(example_catalog()), Some(Arc::new(ExampleBackend))),
         };
-        args.mcp.init_logging();
+        let _tracing = args.mcp.init_logging();
         let hub = args.mcp.hub();
         let bound = hub
             .bind(&servers, catalog, backend)
@@ -317,6 +319,7 @@ impl Chat {
             args,
             fingerprint,
             running: Arc::default(),
+            _tracing,
         })
     }
 
@@ -410,6 +413,7 @@ impl Chat {
             fingerprint: self.fingerprint.clone(),
             decisions,
             resume,
+            trace_context: None,
         };
         let cancel = CancellationToken::new();
         if let Ok(mut running) = self.running.lock() {

@@ -87,7 +87,7 @@ const MAX_MEMORY_MB: u64 = GUEST_MAX_MEMORY_BYTES >> 20;
 
 pub fn run(args: ExecArgs) -> ExitCode {
     // MCP servers' stderr and notices go to our stderr; stdout stays the one JSON report.
-    args.mcp.init_logging();
+    let _tracing = args.mcp.init_logging();
     let prepared = match prepare(args) {
         Ok(prepared) => prepared,
         Err(Usage(message)) => {

@@ -44,9 +44,10 @@ impl McpFlags {
 
     /// Installs the logs (crate::logging: `CORRAL_LOG`, `CORRAL_LOG_FORMAT`); by default only
     /// MCP servers' warnings (`CORRAL_LOG=corral_mcp=info` shows every stderr line of the
-    /// servers).
-    pub fn init_logging(&self) {
-        crate::logging::init("corral_mcp=warn", None);
+    /// servers). Traces go out when the `OTEL_*` variables say so.
+    #[must_use = "dropping it flushes the traces"]
+    pub fn init_logging(&self) -> crate::logging::Tracing {
+        crate::logging::init("corral_mcp=warn", None, &Default::default())
     }
 }
 

@@ -69,7 +69,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    crate::logging::init("warn", loaded.config.log_format);
+    let _tracing = crate::logging::init("warn", loaded.config.log_format, &loaded.config.tracing);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -101,7 +101,21 @@ async fn call(route: &Route, invocation: &Invocation) -> Result<ToolResult, Invo
     };
     let connection = slot.connection().await.map_err(|e| failed(e.to_string()))?;
     let timeout = slot.call_timeout();
-    let params = CallToolRequestParams::new(route.tool.clone()).with_arguments(arguments);
+    let mut params = CallToolRequestParams::new(route.tool.clone()).with_arguments(arguments);
+    // The call's span as the W3C trace context in `_meta` (the MCP specification's
+    // `traceparent`/`tracestate` keys), so the server's spans join the turn's trace.
+    let trace = corral_telemetry::trace_headers();
+    if !trace.is_empty() {
+        let mut meta = rmcp::model::RequestMetaObject::new();
+        for (name, value) in trace {
+            if name == corral_telemetry::TRACEPARENT {
+                meta.set_traceparent(value);
+            } else {
+                meta.set_tracestate(value);
+            }
+        }
+        params.meta = Some(meta);
+    }
     // Dropping `call_tool` (timeout, or this future dropped) sends notifications/cancelled.
     let outcome = tokio::time::timeout(timeout, connection.peer.call_tool(params)).await;
     let result = match outcome {

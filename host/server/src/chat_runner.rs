@@ -488,6 +488,7 @@ impl TurnRunner for ChatTurnRunner {
             fingerprint,
             decisions: checkpoint.decisions.clone(),
             resume: None,
+            trace_context: checkpoint.trace_context.clone(),
         };
         let result = corral_chat::run(&job.cancel, input).await;
         // Deltas still buffered go before the segment's outcome.

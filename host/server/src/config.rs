@@ -48,6 +48,9 @@ pub struct Config {
     pub limits: crate::limits::Limits,
     /// The log format (`logFormat`, `text` by default; `CORRAL_LOG_FORMAT` overrides it).
     pub log_format: Option<crate::logging::LogFormat>,
+    /// OpenTelemetry tracing (`[tracing]`: `endpoint`, `serviceName`, `captureContent`; the
+    /// `OTEL_*` variables win). Off by default; see docs/tracing.md.
+    pub tracing: corral_telemetry::TracingConfig,
 }
 
 /// The `[retention]` table: when sessions close and expire, what history and records are
@@ -248,6 +251,8 @@ struct RawConfig {
     #[serde(default)]
     limits: crate::limits::RawLimits,
     log_format: Option<String>,
+    #[serde(default)]
+    tracing: corral_telemetry::TracingConfig,
 }
 
 #[derive(Debug, Deserialize)]
@@ -372,6 +377,18 @@ impl Config {
                         .map_err(|problem| field("logFormat", problem))?,
                 ),
             },
+            tracing: match raw.tracing {
+                corral_telemetry::TracingConfig {
+                    endpoint: Some(endpoint),
+                    ..
+                } if !endpoint.starts_with("http://") => {
+                    return Err(field(
+                        "tracing.endpoint",
+                        "must be an http:// URL (OTLP over HTTP; TLS is left to a local collector)",
+                    ));
+                }
+                tracing => tracing,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -398,6 +415,7 @@ impl Config {
             replica_name: None,
             limits: crate::limits::Limits::default(),
             log_format: None,
+            tracing: corral_telemetry::TracingConfig::default(),
         };
         config.validate()?;
         Ok(config)
@@ -665,5 +683,23 @@ implementationVersion = "1"
             "role = \"application\"\ntenant = \"acme-eu.1\"",
         );
         assert!(Config::from_toml(&scoped).is_ok());
+    }
+
+    #[test]
+    fn tracing_is_off_unless_configured() {
+        let config = Config::from_toml(GOOD).expect("valid");
+        assert_eq!(config.tracing, corral_telemetry::TracingConfig::default());
+        let traced = format!(
+            "{GOOD}[tracing]\nendpoint = \"http://127.0.0.1:4318\"\nserviceName = \"edge\"\ncaptureContent = true\n"
+        );
+        let config = Config::from_toml(&traced).expect("valid");
+        assert_eq!(
+            config.tracing.endpoint.as_deref(),
+            Some("http://127.0.0.1:4318")
+        );
+        assert_eq!(config.tracing.service_name.as_deref(), Some("edge"));
+        assert!(config.tracing.capture_content);
+        assert!(error_of(&traced.replace("http://127", "grpc://127")).contains("tracing.endpoint"));
+        assert!(error_of(&format!("{GOOD}[tracing]\nsampling = 1\n")).contains("sampling"));
     }
 }

@@ -70,18 +70,53 @@ pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
     response
 }
 
-/// The request's span: method, route path and request id.
+/// The request's span: method, route path and request id. With tracing on it is also the
+/// command's HTTP server span (docs/tracing.md), a child of the caller's W3C `traceparent` when
+/// one is sent; its status code is recorded by [`on_response`].
 pub(crate) fn request_span(request: &Request) -> tracing::Span {
     let id = request
         .extensions()
         .get::<RequestId>()
         .map_or("-", |id| id.0.as_str());
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "request",
         method = %request.method(),
         path = %request.uri().path(),
         request_id = %id,
-    )
+        otel.name = %request.method(),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %request.method(),
+        url.path = %request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+    };
+    if let Some(parent) = header(corral_telemetry::TRACEPARENT) {
+        corral_telemetry::set_remote_parent(&span, parent, header(corral_telemetry::TRACESTATE));
+    }
+    span
+}
+
+/// One `info` line per response with its status and latency (tower-http's), and the status on
+/// the request's span; a 5xx marks the span as failed.
+fn on_response<B>(
+    response: &axum::http::Response<B>,
+    latency: std::time::Duration,
+    span: &tracing::Span,
+) {
+    use tower_http::trace::OnResponse as _;
+    tower_http::trace::DefaultOnResponse::new()
+        .level(tracing::Level::INFO)
+        .on_response(response, latency, span);
+    span.record("http.response.status_code", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
 }
 
 /// The trace layer's type: [`request_span`], no line per request or chunk, one per response.
@@ -89,7 +124,7 @@ pub(crate) type TraceLayer = tower_http::trace::TraceLayer<
     tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>,
     fn(&Request) -> tracing::Span,
     (),
-    tower_http::trace::DefaultOnResponse,
+    fn(&Response, std::time::Duration, &tracing::Span),
     (),
     (),
     tower_http::trace::DefaultOnFailure,
@@ -101,7 +136,7 @@ pub(crate) fn trace_layer() -> TraceLayer {
     tower_http::trace::TraceLayer::new_for_http()
         .make_span_with(request_span as fn(&Request) -> tracing::Span)
         .on_request(())
-        .on_response(tower_http::trace::DefaultOnResponse::new().level(tracing::Level::INFO))
+        .on_response(on_response as fn(&Response, std::time::Duration, &tracing::Span))
         .on_body_chunk(())
         .on_eos(())
         .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::ERROR))

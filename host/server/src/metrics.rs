@@ -416,6 +416,17 @@ impl Metrics {
         );
         self.rate_limited
             .render(&mut out, "corral_rate_limited_total", &["limit", "tenant"]);
+        family(
+            &mut out,
+            "corral_trace_spans_dropped_total",
+            "counter",
+            "Trace spans dropped: the export queue was full or the collector failed (docs/tracing.md).",
+        );
+        let _ = writeln!(
+            out,
+            "corral_trace_spans_dropped_total {}",
+            corral_telemetry::spans_dropped()
+        );
         out
     }
 }

@@ -656,6 +656,9 @@ impl Runtime {
             SessionCommand::new(session_id, command.idempotency_key(), raw, kind);
         store_command.request_id = command.request_id().map(str::to_owned);
         store_command.decided_by = decided_by;
+        // The request's span (the command's HTTP server span): a new turn's segments join its
+        // trace.
+        store_command.trace_context = corral_telemetry::current_traceparent();
         let session_id = store_command.session_id.clone();
         let receipt = self
             .timed(self.store.run_command(store_command))
@@ -706,12 +709,19 @@ pub fn action_view(a: corral_store::Action) -> ActionView {
         manifest_hash: a.manifest_hash,
         implementation_version: a.implementation_version,
         capability_id: a.capability_id,
+        traceparent: trace_field(&a.request, corral_telemetry::TRACEPARENT),
+        tracestate: trace_field(&a.request, corral_telemetry::TRACESTATE),
         request: a.request,
         status: a.status.as_str().to_owned(),
         generation: a.generation,
         claim_id: a.claim_id,
         lease_expires_at: a.lease_expires_at.map(rfc3339),
     }
+}
+
+/// A W3C trace context field the chat runtime put in an action's request.
+fn trace_field(request: &Value, name: &str) -> Option<String> {
+    request.get(name).and_then(Value::as_str).map(str::to_owned)
 }
 
 /// The wire view of an event.

@@ -374,6 +374,11 @@ pub struct ActionView {
     /// What the executor needs (input, context).
     #[schema(value_type = Object)]
     pub request: Value,
+    /// The W3C trace context of the call's span when tracing is on (docs/tracing.md): an
+    /// executor that starts its spans under it joins the turn's trace.
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` going with [`ActionView::traceparent`], when there is one.
+    pub tracestate: Option<String>,
     /// `pending`, `claimed`, `completed`, `uncertain`, `cancelled`.
     pub status: String,
     /// Incremented by each claim (the fencing token).

@@ -28,6 +28,10 @@ pub struct TurnCheckpoint {
     /// under; a resume under another fingerprint is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// The W3C `traceparent` of the command that started the turn, when it was traced: every
+    /// segment of the turn, in whatever process, joins or links to that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
 }
 
 impl TurnCheckpoint {
@@ -40,6 +44,7 @@ impl TurnCheckpoint {
             pending: Vec::new(),
             decisions: BTreeMap::new(),
             fingerprint: None,
+            trace_context: None,
         }
     }
 }

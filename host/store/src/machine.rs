@@ -41,6 +41,9 @@ pub struct SessionCommand {
     /// Who decided (the configured name of the caller's token), recorded in the events of the
     /// commands that decide: `approve`, `respond`, `cancel`, `resolve`.
     pub decided_by: Option<String>,
+    /// The W3C `traceparent` of the request that sent the command, if it was traced; a
+    /// `message` keeps it in its turn's checkpoint (see [`TurnCheckpoint::trace_context`]).
+    pub trace_context: Option<String>,
     /// What to do.
     pub kind: CommandKind,
 }
@@ -59,6 +62,7 @@ impl SessionCommand {
             body,
             request_id: None,
             decided_by: None,
+            trace_context: None,
             kind,
         }
     }
@@ -280,6 +284,7 @@ pub(crate) async fn run_command<T: Tx>(
         body,
         request_id,
         decided_by,
+        trace_context,
         kind,
     } = command;
     let mut turn_id = session.active_turn_id.clone();
@@ -290,7 +295,7 @@ pub(crate) async fn run_command<T: Tx>(
             content,
         } => {
             turn_id = Some(new_turn.clone());
-            message(&session, &new_turn, &content)?
+            message(&session, &new_turn, &content, trace_context)?
         }
         CommandKind::Approve {
             interaction_id,
@@ -470,7 +475,12 @@ enum Plan {
     Replayed(CommandRecord),
 }
 
-fn message(session: &Session, turn_id: &str, content: &str) -> Result<Plan, StoreError> {
+fn message(
+    session: &Session,
+    turn_id: &str,
+    content: &str,
+    trace_context: Option<String>,
+) -> Result<Plan, StoreError> {
     if !settled(session.status) {
         return Err(StoreError::conflict(
             Entity::Session,
@@ -482,7 +492,9 @@ fn message(session: &Session, turn_id: &str, content: &str) -> Result<Plan, Stor
             ),
         ));
     }
-    let checkpoint = encode(&TurnCheckpoint::new_turn(turn_id, content), &session.id)?;
+    let mut checkpoint = TurnCheckpoint::new_turn(turn_id, content);
+    checkpoint.trace_context = trace_context;
+    let checkpoint = encode(&checkpoint, &session.id)?;
     let mut commit = SessionCommit::new(&session.id);
     commit.patch.status = Some(SessionStatus::Runnable);
     commit.patch.active_turn_id = Some(Some(turn_id.to_owned()));

@@ -223,6 +223,7 @@ impl Parts {
             fingerprint: "fp-1".into(),
             decisions: BTreeMap::new(),
             resume: None,
+            trace_context: None,
         }
     }
 }
