@@ -158,7 +158,7 @@ fn main() -> anyhow::Result<()> {
             results.push(serde_json::from_value(value.clone()).context("a peer result")?);
         }
     }
-    let (store, chat_turn, serve) = if args.store {
+    let (store, chat_turn, serve, tracing) = if args.store {
         eprintln!("corral-bench: durable store step");
         let quick = ["--steps", "50", "--seconds", "0.3"];
         let store = run_example("durable_step_bench", "corral-store", plan.quick, &quick)?;
@@ -166,9 +166,11 @@ fn main() -> anyhow::Result<()> {
         let turn = run_example("turn_bench", "corral-chat", plan.quick, &["--turns", "8"])?;
         eprintln!("corral-bench: corral serve over loopback");
         let serve = run_example("serve_bench", "corral-cli", plan.quick, &["--quick"])?;
-        (store, turn, serve)
+        eprintln!("corral-bench: a turn with tracing off and on");
+        let tracing = run_example("trace_bench", "corral-cli", plan.quick, &["--quick"])?;
+        (store, turn, serve, tracing)
     } else {
-        (Value::Null, Value::Null, Value::Null)
+        (Value::Null, Value::Null, Value::Null, Value::Null)
     };
     let js_host = if args.peers {
         eprintln!("corral-bench: the JavaScript host (node js/bench.mjs)");
@@ -199,6 +201,7 @@ fn main() -> anyhow::Result<()> {
         "durable_step": store,
         "chat_turn": chat_turn,
         "serve": serve,
+        "tracing": tracing,
         "mcp_call": mcp,
         "js_host": js_host,
         "before": before,

@@ -601,7 +601,41 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
         }
     }
     serve_section(&mut md, &document["serve"]);
+    tracing_section(&mut md, &document["tracing"]);
     Ok(md)
+}
+
+/// A turn with tracing off and on (`host/cli/examples/trace_bench.rs`).
+fn tracing_section(md: &mut String, tracing: &Value) {
+    if tracing["off"].is_null() {
+        return;
+    }
+    let _ = writeln!(md, "\n## Tracing on a turn\n\n{TRACING_INTRO}\n");
+    let _ = writeln!(md, "{}", tracing_table(tracing));
+}
+
+/// What the tracing section measures (docs/tracing.md has the spans).
+const TRACING_INTRO: &str = "Two real `corral serve` processes (embedded store, scripted model), one with tracing off and one exporting every span over OTLP/HTTP to a local receiver that takes each export and answers at once (so only corral's side is measured). A turn is a fresh session's `message` up to `turn.completed` on its SSE stream: two model calls and a `run_js` of two concurrent capability calls, auto-approved (seven spans of the turn, and the requests' own). Turns alternate between the two servers. **CPU per turn** is the server process's user and system time (all its threads, the exporter's included) over the measured turns, divided by their number: most of a turn's latency is waiting, not work, so the CPU time shows what tracing costs where the latency hides it. **on ÷ off** above 1 is what tracing costs.";
+
+/// The tracing section's table, from `trace_bench`'s JSON line.
+fn tracing_table(tracing: &Value) -> String {
+    let fixed = |v: &Value| v.as_f64().map_or("?".to_owned(), |x| format!("{x:.2}"));
+    format!(
+        "| turns each | off p50 / p99 ms | on p50 / p99 ms | on ÷ off, p50 | on ÷ off, p99 | CPU per turn off / on ms | on ÷ off, CPU | exports received | spans dropped |\n|---|---|---|---|---|---|---|---|---|\n| {} | {} / {} | {} / {} | **×{}** | ×{} | {} / {} | **×{}** | {} ({} KiB) | {} |",
+        tracing["turns"],
+        fixed(&tracing["off"]["p50_ms"]),
+        fixed(&tracing["off"]["p99_ms"]),
+        fixed(&tracing["on"]["p50_ms"]),
+        fixed(&tracing["on"]["p99_ms"]),
+        fixed(&tracing["ratio_p50"]),
+        fixed(&tracing["ratio_p99"]),
+        fixed(&tracing["cpu_ms_per_turn"]["off"]),
+        fixed(&tracing["cpu_ms_per_turn"]["on"]),
+        fixed(&tracing["ratio_cpu"]),
+        tracing["exports"],
+        tracing["export_bytes"].as_u64().unwrap_or(0) / 1024,
+        tracing["spans_dropped"],
+    )
 }
 
 /// `corral serve` over loopback (`host/cli/examples/serve_bench.rs`).

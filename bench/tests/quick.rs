@@ -104,6 +104,13 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
             "{row}"
         );
     }
+    // A turn with tracing off and on: both measured, and the spans reached the receiver.
+    assert!(report.contains("## Tracing on a turn"), "{report}");
+    let tracing = &results["tracing"];
+    assert!(tracing["off"]["p50_ms"].as_f64() > Some(0.0), "{tracing}");
+    assert!(tracing["on"]["p50_ms"].as_f64() > Some(0.0), "{tracing}");
+    assert!(tracing["exports"].as_u64() > Some(0), "{tracing}");
+    assert_eq!(tracing["spans_dropped"], 0, "{tracing}");
     assert!(report.contains("## MCP tool call, per call"), "{report}");
     assert!(report.contains("## The JavaScript host"), "{report}");
     assert_eq!(

@@ -12,19 +12,25 @@
 //! MCP servers (`--mcp`, `--mcp-url`, `--mcp-config`) are started before the script runs; their
 //! tools are the catalog (or are added to `--catalog`'s), and they are stopped before exit.
 //! Servers or tools that cannot be used are reported on stderr and left out.
+//!
+//! Traces (docs/tracing.md): with `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) set,
+//! the run is an `execute_tool run_js` span (a child of the caller's `TRACEPARENT` variable, if
+//! any) with one `execute_tool {capability}` child per capability call, whatever task the
+//! sandbox runs the call on; webhook and MCP calls carry their span's trace context. The spans
+//! are flushed, within a bound, before the process exits.
 
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use corral_catalog::Catalog;
+use corral_catalog::{Catalog, Redactor};
 use corral_mcp::{McpBinding, McpHub, McpServerConfig};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{
-    Backend, ClockGrant, CreateSessionError, EntropyGrant, GUEST_MAX_MEMORY_BYTES, Grants,
-    InvocationContext, MAX_TIMEOUT_MS, RunStats, Sandbox, SandboxConfig, ScriptUser, SessionLimits,
-    SessionOptions,
+    Backend, ClockGrant, CreateSessionError, EntropyGrant, ExecError, GUEST_MAX_MEMORY_BYTES,
+    Grants, Invocation, InvocationContext, InvokeCapabilityError, MAX_TIMEOUT_MS, RunStats,
+    Sandbox, SandboxConfig, ScriptReport, ScriptUser, SessionLimits, SessionOptions, ToolResult,
 };
 use serde_json::{Value, json};
 
@@ -86,7 +92,8 @@ fn note(message: &str) {
 const MAX_MEMORY_MB: u64 = GUEST_MAX_MEMORY_BYTES >> 20;
 
 pub fn run(args: ExecArgs) -> ExitCode {
-    // MCP servers' stderr and notices go to our stderr; stdout stays the one JSON report.
+    // MCP servers' stderr and notices go to our stderr; stdout stays the one JSON report. The
+    // traces, if on, are flushed (within a bound) when `_tracing` is dropped, after the report.
     let _tracing = args.mcp.init_logging();
     let prepared = match prepare(args) {
         Ok(prepared) => prepared,
@@ -308,6 +315,20 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, boo
         }
     };
     let asked_mb = prepared.limits.memory_bytes >> 20;
+    let redactor = Arc::new(bound.redactor);
+    let span = script_span(&source, &redactor);
+    // The calls' parent, shared with the backend and let go of once the script is over, so the
+    // script's span ends (and is exported) whatever keeps the backend alive.
+    let parent = Arc::new(std::sync::Mutex::new(span.clone()));
+    let backend: Arc<dyn Backend> = if corral_telemetry::enabled() {
+        Arc::new(TracedBackend {
+            inner: bound.backend,
+            parent: Arc::clone(&parent),
+            redactor: Arc::clone(&redactor),
+        })
+    } else {
+        bound.backend
+    };
     let options = SessionOptions {
         context: InvocationContext {
             session_id: "exec".into(),
@@ -316,8 +337,8 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, boo
         user: prepared.user,
         limits: prepared.limits,
         grants: prepared.grants,
-        redactor: Arc::new(bound.redactor),
-        ..SessionOptions::new(Arc::new(bound.catalog), bound.backend)
+        redactor: Arc::clone(&redactor),
+        ..SessionOptions::new(Arc::new(bound.catalog), backend)
     };
     let mut session = match sandbox.session(options).await {
         Ok(session) => session,
@@ -332,12 +353,177 @@ async fn run_script(prepared: Prepared, bound: McpBinding) -> Result<(Value, boo
             return Ok((failure("internal_error", &error.to_string()), false));
         }
     };
-    let report = session.run(&source).await;
+    let report = {
+        use tracing::Instrument as _;
+        session.run(&source).instrument(span.clone()).await
+    };
     session.close();
+    *parent
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = tracing::Span::none();
+    record_report(&span, &report, &redactor);
+    drop(span);
     // The process ends right after the report: the kernel reclaims the compiled code and the
     // pool at exit, which is cheaper than unmapping them piece by piece first.
     std::mem::forget(sandbox);
     Ok((report.to_json(), report.outcome.is_ok()))
+}
+
+/// The script's span, `execute_tool run_js` as in the chat runtime (docs/tracing.md): a root,
+/// or a child of the caller's W3C trace context in the `TRACEPARENT` (and `TRACESTATE`)
+/// environment variables. Its source is recorded, redacted, only with content capture on.
+fn script_span(source: &str, redactor: &Redactor) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: corral_telemetry::TARGET,
+        "execute_tool",
+        otel.name = "execute_tool run_js",
+        otel.kind = "internal",
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = "run_js",
+        corral.replayed = false,
+        corral.fuel = tracing::field::Empty,
+        corral.wall_us = tracing::field::Empty,
+        corral.peak_memory_bytes = tracing::field::Empty,
+        corral.calls = tracing::field::Empty,
+        corral.peak_concurrent_calls = tracing::field::Empty,
+        corral.limit = tracing::field::Empty,
+        corral.is_error = tracing::field::Empty,
+        gen_ai.tool.call.arguments = tracing::field::Empty,
+        gen_ai.tool.call.result = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    let variable = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(parent) = variable("TRACEPARENT") {
+        corral_telemetry::set_remote_parent(&span, &parent, variable("TRACESTATE").as_deref());
+    }
+    if corral_telemetry::capture_content() {
+        let mut arguments = json!({ "code": source });
+        redactor.redact_json(&mut arguments);
+        span.record("gen_ai.tool.call.arguments", arguments.to_string());
+    }
+    span
+}
+
+/// The script's costs, the limit it hit and (with content capture on) its report on its span.
+fn record_report(span: &tracing::Span, report: &ScriptReport, redactor: &Redactor) {
+    if span.is_disabled() {
+        return;
+    }
+    let stats = &report.stats;
+    span.record("corral.fuel", stats.fuel);
+    span.record("corral.wall_us", stats.wall_us);
+    span.record("corral.peak_memory_bytes", stats.peak_memory_bytes);
+    span.record("corral.calls", stats.calls);
+    span.record("corral.peak_concurrent_calls", stats.peak_concurrent_calls);
+    span.record("corral.is_error", report.outcome.is_err());
+    let json = report.to_json();
+    if let Err(error) = &report.outcome {
+        span.record("otel.status_code", "ERROR");
+        if let ExecError::LimitExceeded { limit, .. } = error {
+            span.record("corral.limit", limit.kind());
+        }
+        if let Some(kind) = json["error"]["kind"].as_str() {
+            span.record("error.type", kind);
+        }
+    }
+    if corral_telemetry::capture_content() {
+        let mut shown = json;
+        redactor.redact_json(&mut shown);
+        span.record("gen_ai.tool.call.result", shown.to_string());
+    }
+}
+
+/// The backend of a traced run: each call is an `execute_tool {capability}` span, a child of
+/// the script's span whichever task the sandbox runs it on, current while the inner backend
+/// runs it (so a webhook or an MCP request carries its trace context).
+struct TracedBackend {
+    inner: Arc<dyn Backend>,
+    parent: Arc<std::sync::Mutex<tracing::Span>>,
+    redactor: Arc<Redactor>,
+}
+
+#[async_trait::async_trait]
+impl Backend for TracedBackend {
+    async fn invoke(
+        &self,
+        context: &InvocationContext,
+        invocation: Invocation,
+    ) -> Result<ToolResult, InvokeCapabilityError> {
+        use tracing::Instrument as _;
+        let parent = self
+            .parent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let capability = invocation.capability_id.clone();
+        let name = format!("execute_tool {capability}");
+        let span = tracing::info_span!(
+            target: corral_telemetry::TARGET,
+            parent: &parent,
+            "execute_tool",
+            otel.name = name.as_str(),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = capability.as_str(),
+            gen_ai.tool.call.id = invocation.tool_call_id.as_str(),
+            // The sandbox calls the backend only once the input passed the catalog's schema.
+            corral.validation = "passed",
+            corral.replayed = false,
+            corral.wall_us = tracing::field::Empty,
+            corral.outcome = tracing::field::Empty,
+            gen_ai.tool.call.arguments = tracing::field::Empty,
+            gen_ai.tool.call.result = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let capture = corral_telemetry::capture_content() && !span.is_disabled();
+        if capture {
+            let mut input = invocation.input.clone();
+            self.redactor.redact_json(&mut input);
+            span.record("gen_ai.tool.call.arguments", input.to_string());
+        }
+        let started = std::time::Instant::now();
+        let result = self
+            .inner
+            .invoke(context, invocation)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "corral.wall_us",
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        );
+        match &result {
+            Ok(done) => {
+                span.record("corral.outcome", "ok");
+                if capture {
+                    let mut output = done.output.clone();
+                    self.redactor.redact_json(&mut output);
+                    span.record("gen_ai.tool.call.result", output.to_string());
+                }
+            }
+            Err(error) => {
+                span.record("corral.outcome", "error");
+                span.record("otel.status_code", "ERROR");
+                let kind = match error {
+                    InvokeCapabilityError::PermissionDenied { .. } => "permission_denied",
+                    InvokeCapabilityError::UnknownCapability { .. } => "unknown_capability",
+                    _ => "failed",
+                };
+                span.record("error.type", kind);
+                if capture {
+                    span.record(
+                        "gen_ai.tool.call.result",
+                        &*self.redactor.redact_text(&error.to_string()),
+                    );
+                }
+            }
+        }
+        result
+    }
 }
 
 fn failure(kind: &str, message: &str) -> Value {

@@ -71,22 +71,33 @@ pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
 }
 
 /// The request's span: method, route path and request id. With tracing on it is also the
-/// command's HTTP server span (docs/tracing.md), a child of the caller's W3C `traceparent` when
-/// one is sent; its status code is recorded by [`on_response`].
+/// command's HTTP server span (docs/tracing.md), named `METHOD /route/{template}` after the
+/// route that matched (axum's [`MatchedPath`](axum::extract::MatchedPath), also `http.route`;
+/// the method alone when none did), a child of the caller's W3C `traceparent` when one is sent;
+/// its status code is recorded by [`on_response`].
 pub(crate) fn request_span(request: &Request) -> tracing::Span {
     let id = request
         .extensions()
         .get::<RequestId>()
         .map_or("-", |id| id.0.as_str());
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str);
+    let name = match route {
+        Some(route) => format!("{} {route}", request.method()),
+        None => request.method().to_string(),
+    };
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
         path = %request.uri().path(),
         request_id = %id,
-        otel.name = %request.method(),
+        otel.name = name.as_str(),
         otel.kind = "server",
         otel.status_code = tracing::field::Empty,
         http.request.method = %request.method(),
+        http.route = route,
         url.path = %request.uri().path(),
         http.response.status_code = tracing::field::Empty,
     );
