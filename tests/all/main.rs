@@ -9,4 +9,5 @@ mod fuel;
 mod isolation;
 mod json;
 mod limits;
+mod patches;
 mod schedule;
