@@ -1,6 +1,6 @@
-//! The store's transactions, written once over row-level operations ([`Tx`]) that each backend
-//! implements in its SQL dialect. Keeping the rules here is what makes the embedded store and
-//! PostgreSQL behave identically.
+//! The store's transactions, written once over row-level operations ([`Tx`], whose SQL is
+//! written once too, in [`crate::sql`]). Keeping the rules here is what makes the embedded store
+//! and PostgreSQL behave identically.
 //!
 //! Locking rule (deadlocks are impossible if every transaction follows it): a transaction that
 //! writes anything belonging to a session first locks that session's row; a transaction that
@@ -8,10 +8,9 @@
 //! checkpoints and commands are only written under their session's lock.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::error::{Entity, StaleReason, StoreError};
 use crate::feed::Notice;
@@ -19,188 +18,12 @@ use crate::model::{
     Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
     BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
     CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
-    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewCheckpoint, NewEvent,
-    NewSession, RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount,
-    SessionFilter, SessionOwner, SessionStatus, Timestamp,
+    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewEvent, NewSession,
+    RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
+    SessionOwner, SessionStatus, Timestamp,
 };
-
-/// Row-level operations inside one open transaction.
-pub(crate) trait Tx: Send {
-    /// What this transaction announces once it commits (see [`crate::feed`]).
-    fn notices(&mut self) -> &mut Vec<Notice>;
-    /// Checks that the database answers.
-    fn ping(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// The transaction's clock reading (process clock for SQLite, server clock for PostgreSQL),
-    /// read once per transaction after the first row lock.
-    fn now(&mut self) -> impl Future<Output = Result<Timestamp, StoreError>> + Send;
-    /// Reads a session; with `lock`, holds its row lock until the end of the transaction.
-    fn session(
-        &mut self,
-        id: &str,
-        lock: bool,
-    ) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send;
-    /// Inserts a session unless one with its id exists; `false` if it existed.
-    fn insert_session(
-        &mut self,
-        session: &Session,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-    /// Writes every mutable field of a locked session.
-    fn update_session(
-        &mut self,
-        session: &Session,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn list_sessions(
-        &mut self,
-        filter: &SessionFilter,
-    ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
-    /// Locks the oldest claimable session, skipping rows other transactions hold.
-    fn next_claimable_session(
-        &mut self,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send;
-    fn upsert_agent(
-        &mut self,
-        agent: &NewAgent,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<AgentDefinition, StoreError>> + Send;
-    fn agent(
-        &mut self,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<AgentDefinition>, StoreError>> + Send;
-    fn list_agents(
-        &mut self,
-    ) -> impl Future<Output = Result<Vec<AgentDefinition>, StoreError>> + Send;
-    fn insert_event(
-        &mut self,
-        event: &Event,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn events_after(
-        &mut self,
-        session_id: &str,
-        after: i64,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
-    fn insert_item(&mut self, item: &Item) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn items_after(
-        &mut self,
-        session_id: &str,
-        after: i64,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Item>, StoreError>> + Send;
-    fn live_checkpoint(
-        &mut self,
-        session_id: &str,
-    ) -> impl Future<Output = Result<Option<Checkpoint>, StoreError>> + Send;
-    /// Marks the session's live checkpoint superseded unless it is `keep` (turn, segment).
-    fn supersede_checkpoints(
-        &mut self,
-        session_id: &str,
-        keep: Option<(&str, i64)>,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// Writes (turn, segment) as the live checkpoint, replacing the data of an equal key.
-    fn upsert_checkpoint(
-        &mut self,
-        session_id: &str,
-        checkpoint: &NewCheckpoint,
-        segment: i64,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn effect(
-        &mut self,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<Effect>, StoreError>> + Send;
-    fn insert_effect(
-        &mut self,
-        effect: &Effect,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn update_effect(
-        &mut self,
-        effect: &Effect,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn session_effects(
-        &mut self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-    ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send;
-    fn action(
-        &mut self,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<Action>, StoreError>> + Send;
-    fn insert_action(
-        &mut self,
-        action: &Action,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn update_action(
-        &mut self,
-        action: &Action,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    fn list_actions(
-        &mut self,
-        filter: &ActionFilter,
-    ) -> impl Future<Output = Result<Vec<Action>, StoreError>> + Send;
-    /// Up to `limit` sessions matching `filter` with an id greater than `after`, by id.
-    fn sessions_page(
-        &mut self,
-        filter: &SessionFilter,
-        after: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
-    /// Sessions in the comma-separated `statuses`, counted by tenant, agent and status.
-    fn session_counts(
-        &mut self,
-        statuses: &str,
-    ) -> impl Future<Output = Result<Vec<SessionCount>, StoreError>> + Send;
-    /// Claimed actions whose lease ended at or before `now` (read without locks).
-    fn expired_claims(
-        &mut self,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<Vec<Action>, StoreError>> + Send;
-    fn command(
-        &mut self,
-        session_id: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<CommandRecord>, StoreError>> + Send;
-    fn insert_command(
-        &mut self,
-        command: &CommandRecord,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// Ids and tenants of sessions closed at or before `cutoff`, of one tenant or all.
-    fn closed_sessions(
-        &mut self,
-        tenant_id: Option<&str>,
-        cutoff: Timestamp,
-    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
-    /// Ids and tenants of settled sessions (idle, completed, failed, cancelled) last changed at
-    /// or before `cutoff`, of one tenant or all (at most [`BATCH`]).
-    fn settled_sessions(
-        &mut self,
-        tenant_id: Option<&str>,
-        cutoff: Timestamp,
-    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
-    /// Deletes the session's events and items created at or before `cutoff`: (events, items).
-    fn prune_history(
-        &mut self,
-        session_id: &str,
-        cutoff: Timestamp,
-    ) -> impl Future<Output = Result<(u64, u64), StoreError>> + Send;
-    /// Deletes a locked session with everything that cascades from it.
-    fn delete_session(&mut self, id: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// How many sessions matching `filter` (its statuses ignored) are in each status.
-    fn status_counts(
-        &mut self,
-        filter: &SessionFilter,
-    ) -> impl Future<Output = Result<Vec<(String, i64)>, StoreError>> + Send;
-    fn prune_checkpoints(
-        &mut self,
-        cutoff: Timestamp,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-    fn prune_commands(
-        &mut self,
-        cutoff: Timestamp,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-}
+pub(crate) use crate::tx::Tx;
+use crate::tx::{Found, Reads};
 
 /// Rows one expiry or retention pass handles at most: call again while it reports a full batch.
 pub(crate) const BATCH: i64 = 500;
@@ -526,15 +349,32 @@ pub(crate) async fn commit<T: Tx>(
     tx: &mut T,
     commit: SessionCommit,
 ) -> Result<CommitOutcome, StoreError> {
-    let session = tx.session(&commit.session_id, true).await?;
-    commit_on(tx, session, commit, true).await
+    // The lock, the idempotency record and the rows the transitions guard, in one flight.
+    let reads = Reads {
+        command: commit.command.as_ref().map(|c| c.idempotency_key.as_str()),
+        effects: commit
+            .effects
+            .iter()
+            .map(|t| t.effect_id.as_str())
+            .collect(),
+        actions: commit
+            .actions
+            .iter()
+            .map(|t| t.action_id.as_str())
+            .collect(),
+        ..Reads::locking(&commit.session_id)
+    };
+    let mut found = tx.read(&reads).await?;
+    commit_on(tx, found.session.take(), found, commit, true).await
 }
 
-/// [`commit`] on the session as the caller locked it (`None`: it does not exist); with
-/// `check_replay` false the caller has already looked up the command's idempotency key.
+/// [`commit`] on the session as the caller locked it (`None`: it does not exist), with what the
+/// caller already read under the lock in `found`; with `check_replay` false the caller has
+/// already looked up the command's idempotency key, else `found.command` is its record.
 pub(crate) async fn commit_on<T: Tx>(
     tx: &mut T,
     session: Option<Session>,
+    mut found: Found,
     commit: SessionCommit,
     check_replay: bool,
 ) -> Result<CommitOutcome, StoreError> {
@@ -564,7 +404,7 @@ pub(crate) async fn commit_on<T: Tx>(
     };
     if let Some(command) = &command
         && check_replay
-        && let Some(record) = tx.command(&session_id, &command.idempotency_key).await?
+        && let Some(record) = found.command.take()
     {
         if record.command == command.command {
             return Ok(CommitOutcome::Replayed(record));
@@ -602,10 +442,33 @@ pub(crate) async fn commit_on<T: Tx>(
         ));
     }
 
+    // The guarded rows not read yet, in one flight.
+    let missing = Reads {
+        session_id: &session_id,
+        effects: effects
+            .iter()
+            .map(|t| t.effect_id.as_str())
+            .filter(|id| !found.effects.contains_key(*id))
+            .collect(),
+        actions: actions
+            .iter()
+            .map(|t| t.action_id.as_str())
+            .filter(|id| !found.actions.contains_key(*id))
+            .collect(),
+        ..Reads::default()
+    };
+    if !missing.effects.is_empty() || !missing.actions.is_empty() {
+        let more = tx.read(&missing).await?;
+        found.effects.extend(more.effects);
+        found.actions.extend(more.actions);
+    }
+
     for transition in effects {
-        let mut effect = tx
-            .effect(&transition.effect_id)
-            .await?
+        let mut effect = found
+            .effects
+            .get(&transition.effect_id)
+            .cloned()
+            .flatten()
             .filter(|effect| effect.session_id == session_id)
             .ok_or_else(|| StoreError::not_found(Entity::Effect, &transition.effect_id))?;
         if !transition.from.contains(&effect.status) {
@@ -629,12 +492,16 @@ pub(crate) async fn commit_on<T: Tx>(
         }
         effect.updated_at = now;
         tx.update_effect(&effect).await?;
+        // A later transition of the same effect sees this one.
+        found.effects.insert(effect.effect_id.clone(), Some(effect));
     }
 
     for transition in actions {
-        let mut action = tx
-            .action(&transition.action_id)
-            .await?
+        let mut action = found
+            .actions
+            .get(&transition.action_id)
+            .cloned()
+            .flatten()
             .filter(|action| action.session_id == session_id)
             .ok_or_else(|| StoreError::not_found(Entity::Action, &transition.action_id))?;
         match &transition.guard {
@@ -670,6 +537,7 @@ pub(crate) async fn commit_on<T: Tx>(
         if action.status == ActionStatus::Pending {
             announce_work(tx, &action.action_id);
         }
+        found.actions.insert(action.action_id.clone(), Some(action));
     }
 
     if let Some(status) = patch.status {
@@ -859,12 +727,21 @@ pub(crate) async fn begin_effect<T: Tx>(
             ),
         ));
     }
-    let mut session = locked_session(tx, &session_id).await?;
+    // The lock and the effect's journal entry, in one flight.
+    let reads = Reads {
+        effects: vec![new.effect_id.as_str()],
+        ..Reads::locking(&session_id)
+    };
+    let mut found = tx.read(&reads).await?;
+    let mut session = found
+        .session
+        .take()
+        .ok_or_else(|| StoreError::not_found(Entity::Session, &session_id))?;
     let now = tx.now().await?;
     if let Some(fence) = &fence {
         check_fence(&session, fence, now)?;
     }
-    if let Some(existing) = tx.effect(&new.effect_id).await? {
+    if let Some(existing) = found.effects.remove(&new.effect_id).flatten() {
         let same = existing.session_id == session_id
             && existing.turn_id == new.turn_id
             && existing.kind == new.kind
@@ -934,19 +811,17 @@ pub(crate) async fn list_effects<T: Tx>(
     tx.session_effects(session_id, status).await
 }
 
-/// Every effect of `session` still [`EffectStatus::Invoking`] becomes uncertain with `reason`;
-/// for those of its active, uncancelled turn the session becomes uncertain and an
-/// `effect.uncertain` event is appended (the caller saves the session). Returns how many
+/// Every effect in `changed` (the session's [`EffectStatus::Invoking`] ones) becomes uncertain
+/// with `reason`; for those of its active, uncancelled turn the session becomes uncertain and
+/// an `effect.uncertain` event is appended (the caller saves the session). Returns how many
 /// effects changed.
-pub(crate) async fn in_flight_uncertain<T: Tx>(
+pub(crate) async fn mark_uncertain<T: Tx>(
     tx: &mut T,
     session: &mut Session,
+    mut changed: Vec<Effect>,
     reason: &str,
     now: Timestamp,
 ) -> Result<usize, StoreError> {
-    let mut changed = tx
-        .session_effects(&session.id, Some(EffectStatus::Invoking))
-        .await?;
     let mut events = Vec::new();
     for effect in &mut changed {
         effect.status = EffectStatus::Uncertain;
@@ -988,11 +863,22 @@ pub(crate) async fn list_actions<T: Tx>(
     tx.list_actions(filter).await
 }
 
-/// Locks the action's session, then reads the action again under that lock.
+/// Locks the action's session, then reads the action again under that lock (in one flight).
 async fn locked_action<T: Tx>(tx: &mut T, id: &str) -> Result<(Session, Action), StoreError> {
     let unlocked = get_action(tx, id).await?;
-    let session = locked_session(tx, &unlocked.session_id).await?;
-    let action = get_action(tx, id).await?;
+    let reads = Reads {
+        actions: vec![id],
+        ..Reads::locking(&unlocked.session_id)
+    };
+    let mut found = tx.read(&reads).await?;
+    let session = found
+        .session
+        .ok_or_else(|| StoreError::not_found(Entity::Session, &unlocked.session_id))?;
+    let action = found
+        .actions
+        .remove(id)
+        .flatten()
+        .ok_or_else(|| StoreError::not_found(Entity::Action, id))?;
     Ok((session, action))
 }
 
@@ -1207,10 +1093,10 @@ pub(crate) async fn claim_runnable_session<T: Tx>(
 ) -> Result<Option<Lease>, StoreError> {
     require_id("replica id", replica_id)?;
     require_lease(lease)?;
-    let now = tx.now().await?;
-    let Some(mut session) = tx.next_claimable_session(now).await? else {
+    let Some(mut session) = tx.next_claimable_session().await? else {
         return Ok(None);
     };
+    let now = tx.now().await?;
     take_ownership(&mut session, replica_id, lease, now);
     // Ownership is not session data: the version stays, so a commit prepared before the
     // takeover still fails on the fence rather than on the version.
@@ -1392,265 +1278,6 @@ pub(crate) async fn apply_retention<T: Tx>(
     Ok(report)
 }
 
-/// Column lists shared by both dialects, so that one decoder reads rows of either.
-macro_rules! session_columns {
-    () => {
-        "id, tenant_id, owner_user_id, agent_id, manifest, manifest_hash, implementation_version, \
-         creation, status, active_turn_id, state, version, last_cursor, last_item_seq, \
-         owner_replica, lease_expires_at, generation, created_at, updated_at, closed_at"
-    };
-}
-macro_rules! agent_columns {
-    () => {
-        "agent_id, manifest, manifest_hash, implementation_version, created_at, updated_at, \
-         owner_tenant, shared_with"
-    };
-}
-macro_rules! event_columns {
-    () => {
-        "session_id, cursor, turn_id, event_type, payload, created_at"
-    };
-}
-macro_rules! item_columns {
-    () => {
-        "session_id, seq, turn_id, body, created_at"
-    };
-}
-macro_rules! checkpoint_columns {
-    () => {
-        "session_id, turn_id, segment, data, created_at, updated_at"
-    };
-}
-macro_rules! effect_columns {
-    () => {
-        "effect_id, session_id, turn_id, kind, status, request, result, error, created_at, \
-         updated_at"
-    };
-}
-macro_rules! action_columns {
-    () => {
-        "action_id, session_id, turn_id, agent_id, manifest_hash, implementation_version, \
-         capability_id, request, status, generation, claim_id, lease_expires_at, result, \
-         created_at, updated_at"
-    };
-}
-macro_rules! command_columns {
-    () => {
-        "session_id, idempotency_key, command, response, cursor, created_at"
-    };
-}
-pub(crate) use {
-    action_columns, agent_columns, checkpoint_columns, command_columns, effect_columns,
-    event_columns, item_columns, session_columns,
-};
-
-/// Read access to one result row, whichever driver produced it.
-pub(crate) trait Row {
-    fn text(&self, index: usize) -> Result<String, StoreError>;
-    fn opt_text(&self, index: usize) -> Result<Option<String>, StoreError>;
-    fn int(&self, index: usize) -> Result<i64, StoreError>;
-    fn opt_int(&self, index: usize) -> Result<Option<i64>, StoreError>;
-}
-
-struct Decoder<'r, R: Row> {
-    row: &'r R,
-    entity: Entity,
-    id: String,
-}
-
-impl<'r, R: Row> Decoder<'r, R> {
-    fn new(row: &'r R, entity: Entity, id_index: usize) -> Result<Self, StoreError> {
-        Ok(Self {
-            row,
-            entity,
-            id: row.text(id_index)?,
-        })
-    }
-
-    fn corrupt(&self, detail: String) -> StoreError {
-        StoreError::corrupt(self.entity, &self.id, detail)
-    }
-
-    fn json(&self, index: usize, field: &str) -> Result<Value, StoreError> {
-        let text = self.row.text(index)?;
-        serde_json::from_str(&text).map_err(|error| self.corrupt(format!("{field}: {error}")))
-    }
-
-    fn opt_json(&self, index: usize, field: &str) -> Result<Option<Value>, StoreError> {
-        match self.row.opt_text(index)? {
-            Some(text) => serde_json::from_str(&text)
-                .map(Some)
-                .map_err(|error| self.corrupt(format!("{field}: {error}"))),
-            None => Ok(None),
-        }
-    }
-
-    fn count(&self, index: usize, field: &str) -> Result<u64, StoreError> {
-        let value = self.row.int(index)?;
-        u64::try_from(value).map_err(|_| self.corrupt(format!("{field} is negative: {value}")))
-    }
-
-    fn time(&self, index: usize) -> Result<Timestamp, StoreError> {
-        Ok(Timestamp::from_unix_millis(self.row.int(index)?))
-    }
-
-    fn opt_time(&self, index: usize) -> Result<Option<Timestamp>, StoreError> {
-        Ok(self.row.opt_int(index)?.map(Timestamp::from_unix_millis))
-    }
-
-    fn parsed<T>(
-        &self,
-        index: usize,
-        field: &str,
-        parse: fn(&str) -> Option<T>,
-    ) -> Result<T, StoreError> {
-        let text = self.row.text(index)?;
-        parse(&text).ok_or_else(|| self.corrupt(format!("unknown {field} {text:?}")))
-    }
-}
-
-pub(crate) fn decode_session(row: &impl Row) -> Result<Session, StoreError> {
-    let d = Decoder::new(row, Entity::Session, 0)?;
-    let owner = match (row.opt_text(14)?, d.opt_time(15)?) {
-        (Some(replica_id), Some(lease_expires_at)) => Some(SessionOwner {
-            replica_id,
-            lease_expires_at,
-        }),
-        _ => None,
-    };
-    Ok(Session {
-        id: d.id.clone(),
-        tenant_id: row.text(1)?,
-        owner_user_id: row.text(2)?,
-        agent_id: row.text(3)?,
-        manifest: d.json(4, "manifest")?,
-        manifest_hash: row.text(5)?,
-        implementation_version: row.text(6)?,
-        creation: d.json(7, "creation")?,
-        status: d.parsed(8, "status", SessionStatus::parse)?,
-        active_turn_id: row.opt_text(9)?,
-        state: d.json(10, "state")?,
-        version: d.count(11, "version")?,
-        last_cursor: d.count(12, "last cursor")?,
-        last_item_seq: d.count(13, "last item sequence")?,
-        owner,
-        generation: d.count(16, "generation")?,
-        created_at: d.time(17)?,
-        updated_at: d.time(18)?,
-        closed_at: d.opt_time(19)?,
-    })
-}
-
-pub(crate) fn decode_agent(row: &impl Row) -> Result<AgentDefinition, StoreError> {
-    let d = Decoder::new(row, Entity::Agent, 0)?;
-    Ok(AgentDefinition {
-        agent_id: d.id.clone(),
-        manifest: d.json(1, "manifest")?,
-        manifest_hash: row.text(2)?,
-        implementation_version: row.text(3)?,
-        created_at: d.time(4)?,
-        updated_at: d.time(5)?,
-        owner_tenant: row.opt_text(6)?,
-        shared_with: serde_json::from_value(d.json(7, "shared_with")?)
-            .map_err(|error| d.corrupt(format!("shared_with: {error}")))?,
-    })
-}
-
-pub(crate) fn decode_event(row: &impl Row) -> Result<Event, StoreError> {
-    let d = Decoder::new(row, Entity::Event, 0)?;
-    Ok(Event {
-        session_id: d.id.clone(),
-        cursor: d.count(1, "cursor")?,
-        turn_id: row.opt_text(2)?,
-        event_type: row.text(3)?,
-        payload: d.json(4, "payload")?,
-        created_at: d.time(5)?,
-    })
-}
-
-pub(crate) fn decode_item(row: &impl Row) -> Result<Item, StoreError> {
-    let d = Decoder::new(row, Entity::Item, 0)?;
-    Ok(Item {
-        session_id: d.id.clone(),
-        seq: d.count(1, "sequence")?,
-        turn_id: row.opt_text(2)?,
-        body: d.json(3, "body")?,
-        created_at: d.time(4)?,
-    })
-}
-
-pub(crate) fn decode_checkpoint(row: &impl Row) -> Result<Checkpoint, StoreError> {
-    let d = Decoder::new(row, Entity::Checkpoint, 0)?;
-    Ok(Checkpoint {
-        session_id: d.id.clone(),
-        turn_id: row.text(1)?,
-        segment: d.count(2, "segment")?,
-        data: d.json(3, "data")?,
-        created_at: d.time(4)?,
-        updated_at: d.time(5)?,
-    })
-}
-
-pub(crate) fn decode_effect(row: &impl Row) -> Result<Effect, StoreError> {
-    let d = Decoder::new(row, Entity::Effect, 0)?;
-    Ok(Effect {
-        effect_id: d.id.clone(),
-        session_id: row.text(1)?,
-        turn_id: row.text(2)?,
-        kind: d.parsed(3, "kind", crate::model::EffectKind::parse)?,
-        status: d.parsed(4, "status", EffectStatus::parse)?,
-        request: d.json(5, "request")?,
-        result: d.opt_json(6, "result")?,
-        error: row.opt_text(7)?,
-        created_at: d.time(8)?,
-        updated_at: d.time(9)?,
-    })
-}
-
-pub(crate) fn decode_action(row: &impl Row) -> Result<Action, StoreError> {
-    let d = Decoder::new(row, Entity::Action, 0)?;
-    Ok(Action {
-        action_id: d.id.clone(),
-        session_id: row.text(1)?,
-        turn_id: row.text(2)?,
-        agent_id: row.text(3)?,
-        manifest_hash: row.text(4)?,
-        implementation_version: row.text(5)?,
-        capability_id: row.text(6)?,
-        request: d.json(7, "request")?,
-        status: d.parsed(8, "status", ActionStatus::parse)?,
-        generation: d.count(9, "generation")?,
-        claim_id: row.opt_text(10)?,
-        lease_expires_at: d.opt_time(11)?,
-        result: d.opt_json(12, "result")?,
-        created_at: d.time(13)?,
-        updated_at: d.time(14)?,
-    })
-}
-
-pub(crate) fn decode_command(row: &impl Row) -> Result<CommandRecord, StoreError> {
-    let d = Decoder::new(row, Entity::Command, 1)?;
-    Ok(CommandRecord {
-        session_id: row.text(0)?,
-        idempotency_key: d.id.clone(),
-        command: d.json(2, "command")?,
-        response: d.json(3, "response")?,
-        cursor: d.count(4, "cursor")?,
-        created_at: d.time(5)?,
-    })
-}
-
-/// The session's owner as two nullable columns.
-pub(crate) fn owner_columns(session: &Session) -> (Option<&str>, Option<i64>) {
-    match &session.owner {
-        Some(owner) => (
-            Some(owner.replica_id.as_str()),
-            Some(owner.lease_expires_at.as_unix_millis()),
-        ),
-        None => (None, None),
-    }
-}
-
 /// A counter of a row we wrote ourselves, as the database's integer.
 pub(crate) fn counter(value: u64) -> Result<i64, StoreError> {
     db_int("counter", value)
@@ -1701,7 +1328,12 @@ pub(crate) async fn recover_in_flight_effects<T: Tx>(
     sessions.sort();
     let mut changed = 0;
     for session_id in sessions {
-        let Some(mut session) = tx.session(&session_id, true).await? else {
+        let reads = Reads {
+            effects_in: Some(EffectStatus::Invoking),
+            ..Reads::locking(&session_id)
+        };
+        let found = tx.read(&reads).await?;
+        let Some(mut session) = found.session else {
             continue;
         };
         let skip = match (&session.owner, takeover) {
@@ -1714,7 +1346,7 @@ pub(crate) async fn recover_in_flight_effects<T: Tx>(
         if skip {
             continue;
         }
-        let effects = in_flight_uncertain(tx, &mut session, reason, now).await?;
+        let effects = mark_uncertain(tx, &mut session, found.in_status, reason, now).await?;
         changed += effects;
         // The dead holder's lease is taken over at once: the session can be claimed now.
         let had_owner = session.owner.take().is_some();
@@ -1745,21 +1377,6 @@ pub(crate) async fn count_sessions<T: Tx>(
     }
     tx.session_counts(&status_list(statuses, SessionStatus::as_str))
         .await
-}
-
-/// One row of `tenant_id, agent_id, status, count`.
-pub(crate) fn decode_session_count(row: &impl Row) -> Result<SessionCount, StoreError> {
-    let status = row.text(2)?;
-    Ok(SessionCount {
-        tenant_id: row.text(0)?,
-        agent_id: row.text(1)?,
-        status: SessionStatus::parse(&status).ok_or_else(|| StoreError::Corrupt {
-            entity: Entity::Session,
-            id: String::new(),
-            detail: format!("unknown session status {status:?}"),
-        })?,
-        sessions: u64::try_from(row.int(3)?).unwrap_or(0),
-    })
 }
 
 pub(crate) async fn page_sessions<T: Tx>(

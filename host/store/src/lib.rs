@@ -48,6 +48,13 @@
 //!   OS file lock) and [`PostgresStore`] (`tokio-postgres` with a `deadpool-postgres` pool). Both
 //!   apply numbered migration files at start and refuse a database migrated by a newer build.
 //!   They share one implementation of the transactions above and one conformance suite.
+//! - **SQL, written once.** Every row-level statement is one constant (`sql.rs`) in
+//!   PostgreSQL's form, SQLite's placeholders derived from it at compile time, and the row
+//!   operations and decoders over them are shared (`tx.rs`). A backend keeps only what truly
+//!   differs: connections and transactions, PostgreSQL's row lock, `SKIP LOCKED` claim and
+//!   server clock, the change feed's transport and the migrations' DDL. On PostgreSQL a step's
+//!   independent reads travel with its session lock in one round trip, and its writes with the
+//!   `COMMIT`.
 //!
 //! Crates doing the work: `rusqlite` (bundled SQLite), `tokio-postgres` and `deadpool-postgres`,
 //! `serde_json` for stored JSON (kept as compact text with its key order, identically in both
@@ -65,11 +72,13 @@ mod machine;
 mod migrations;
 mod model;
 mod postgres;
+mod sql;
 mod sqlite;
 mod store;
 #[cfg(unix)]
 #[doc(hidden)]
 pub mod testing;
+mod tx;
 
 pub use checkpoint::{Decision, Interaction, TurnCheckpoint};
 pub use error::{BoxError, Entity, OpenStoreError, StaleReason, StoreError};

@@ -25,6 +25,7 @@ use crate::model::{
     NewCheckpoint, NewCommand, NewEvent, NewItem, Resolution, Session, SessionCommit,
     SessionStatus, Timestamp,
 };
+use crate::tx::{Found, Reads};
 
 /// One command on a session, as an application or an executor sent it.
 #[derive(Clone, Debug, PartialEq)]
@@ -267,15 +268,32 @@ pub(crate) async fn run_command<T: Tx>(
         return Err(StoreError::invalid("idempotencyKey", "must not be empty"));
     }
     // The lock comes before the idempotency check, so that two concurrent submissions of one
-    // command are serialized and the second one sees the first one's record.
-    let session = tx
-        .session(&command.session_id, true)
-        .await?
+    // command are serialized and the second one sees the first one's record. What the command
+    // reads is read with them, in one flight (the server runs each read after the lock).
+    let mut reads = Reads {
+        command: Some(command.idempotency_key.as_str()),
+        ..Reads::locking(&command.session_id)
+    };
+    match &command.kind {
+        CommandKind::Message { .. } => {}
+        CommandKind::Approve { .. } | CommandKind::Respond { .. } => reads.checkpoint = true,
+        CommandKind::Cancel { .. } => reads.effects_in = Some(EffectStatus::Invoking),
+        CommandKind::ActionResult { action_id, .. } => {
+            reads.actions = vec![action_id.as_str()];
+            reads.effects = vec![action_id.as_str()];
+        }
+        CommandKind::Resolve { effect_id, .. } => {
+            reads.actions = vec![effect_id.as_str()];
+            reads.effects = vec![effect_id.as_str()];
+            reads.effects_in = Some(EffectStatus::Uncertain);
+        }
+    }
+    let mut found = tx.read(&reads).await?;
+    let session = found
+        .session
+        .take()
         .ok_or_else(|| StoreError::not_found(Entity::Session, &command.session_id))?;
-    if let Some(record) = tx
-        .command(&command.session_id, &command.idempotency_key)
-        .await?
-    {
+    if let Some(record) = found.command.take() {
         return replay(&command, record);
     }
     let SessionCommand {
@@ -312,7 +330,14 @@ pub(crate) async fn run_command<T: Tx>(
                 value: None,
             };
             let event = NewEvent::new("command.approve", data);
-            decide(tx, &session, &interaction_id, "approval", decision, event).await?
+            decide(
+                &mut found,
+                &session,
+                &interaction_id,
+                "approval",
+                decision,
+                event,
+            )?
         }
         CommandKind::Respond {
             interaction_id,
@@ -326,9 +351,18 @@ pub(crate) async fn run_command<T: Tx>(
                 value: Some(value),
             };
             let event = NewEvent::new("command.respond", data);
-            decide(tx, &session, &interaction_id, "input", decision, event).await?
+            decide(
+                &mut found,
+                &session,
+                &interaction_id,
+                "input",
+                decision,
+                event,
+            )?
         }
-        CommandKind::Cancel { reason } => cancel(tx, &session, reason, decided_by).await?,
+        CommandKind::Cancel { reason } => {
+            cancel(tx, &mut found, &session, reason, decided_by).await?
+        }
         CommandKind::ActionResult {
             action_id,
             claim_id,
@@ -336,9 +370,11 @@ pub(crate) async fn run_command<T: Tx>(
             outcome,
             scope,
         } => {
-            let action = tx
-                .action(&action_id)
-                .await?
+            let action = found
+                .actions
+                .get(&action_id)
+                .cloned()
+                .flatten()
                 .filter(|action| action.session_id == session.id)
                 .ok_or_else(|| StoreError::not_found(Entity::Action, &action_id))?;
             if scope
@@ -376,7 +412,7 @@ pub(crate) async fn run_command<T: Tx>(
         CommandKind::Resolve {
             effect_id,
             resolution,
-        } => resolve(tx, &session, &effect_id, resolution, decided_by).await?,
+        } => resolve(&found, &session, &effect_id, resolution, decided_by)?,
     };
     let Plan::Commit(mut commit) = plan else {
         return Err(StoreError::corrupt(
@@ -409,7 +445,7 @@ pub(crate) async fn run_command<T: Tx>(
         _ => None,
     };
     commit.command = Some(NewCommand::new(idempotency_key, body, response));
-    let outcome = engine::commit_on(tx, Some(session), *commit, false).await?;
+    let outcome = engine::commit_on(tx, Some(session), found, *commit, false).await?;
     let CommitOutcome::Applied(receipt) = outcome else {
         return Err(StoreError::corrupt(
             Entity::Command,
@@ -513,8 +549,8 @@ fn encode(checkpoint: &TurnCheckpoint, session_id: &str) -> Result<Value, StoreE
         .map_err(|e| StoreError::corrupt(Entity::Checkpoint, session_id, e.to_string()))
 }
 
-async fn decide<T: Tx>(
-    tx: &mut T,
+fn decide(
+    found: &mut Found,
     session: &Session,
     interaction_id: &str,
     kind: &str,
@@ -534,9 +570,9 @@ async fn decide<T: Tx>(
     if session.status != SessionStatus::Paused {
         return Err(not_awaiting());
     }
-    let live = tx
-        .live_checkpoint(&session.id)
-        .await?
+    let live = found
+        .checkpoint
+        .take()
         .filter(|c| c.turn_id == turn_id)
         .ok_or_else(not_awaiting)?;
     let mut checkpoint: TurnCheckpoint = serde_json::from_value(live.data)
@@ -566,6 +602,7 @@ async fn decide<T: Tx>(
 
 async fn cancel<T: Tx>(
     tx: &mut T,
+    found: &mut Found,
     session: &Session,
     reason: Option<String>,
     decided_by: Option<String>,
@@ -611,10 +648,7 @@ async fn cancel<T: Tx>(
             );
             touched.insert(action.action_id);
         }
-        for effect in tx
-            .session_effects(&session.id, Some(EffectStatus::Invoking))
-            .await?
-        {
+        for effect in std::mem::take(&mut found.in_status) {
             if effect.turn_id == *turn && !touched.contains(&effect.effect_id) {
                 commit.effects.push(
                     EffectTransition::new(
@@ -712,16 +746,18 @@ async fn action_result<T: Tx>(
     Ok(Plan::Commit(Box::new(commit)))
 }
 
-async fn resolve<T: Tx>(
-    tx: &mut T,
+fn resolve(
+    found: &Found,
     session: &Session,
     effect_id: &str,
     resolution: Resolution,
     decided_by: Option<String>,
 ) -> Result<Plan, StoreError> {
-    let effect = tx
-        .effect(effect_id)
-        .await?
+    let effect = found
+        .effects
+        .get(effect_id)
+        .cloned()
+        .flatten()
         .filter(|effect| effect.session_id == session.id)
         .ok_or_else(|| StoreError::not_found(Entity::Effect, effect_id))?;
     if effect.status != EffectStatus::Uncertain {
@@ -734,9 +770,11 @@ async fn resolve<T: Tx>(
     if !turn_active(session, &effect.turn_id) {
         return Err(turn_inactive(Entity::Effect, effect_id));
     }
-    let action = tx
-        .action(effect_id)
-        .await?
+    let action = found
+        .actions
+        .get(effect_id)
+        .cloned()
+        .flatten()
         .filter(|action| action.session_id == session.id);
     let mut commit = SessionCommit::new(&session.id);
     let mut data = json!({"effectId": effect_id, "decidedBy": decided_by});
@@ -783,9 +821,8 @@ async fn resolve<T: Tx>(
         }
     }
     // The session goes on once nothing of its active turn is uncertain any more.
-    let others_uncertain = tx
-        .session_effects(&session.id, Some(EffectStatus::Uncertain))
-        .await?
+    let others_uncertain = found
+        .in_status
         .iter()
         .any(|other| other.effect_id != effect_id && other.turn_id == effect.turn_id);
     if session.status == SessionStatus::Uncertain && !others_uncertain {
@@ -808,22 +845,30 @@ pub(crate) async fn start_segment<T: Tx>(
     lease: Duration,
 ) -> Result<SegmentStart, StoreError> {
     engine::require_replica(replica_id, lease)?;
-    let now = tx.now().await?;
-    let Some(mut session) = tx.next_claimable_session(now).await? else {
+    let Some(mut session) = tx.next_claimable_session().await? else {
         return Ok(SegmentStart::Idle);
     };
+    let now = tx.now().await?;
     engine::take_ownership(&mut session, replica_id, lease, now);
     let granted = engine::grant(&session)?;
+    // What the previous holder left in flight and the checkpoint to run from, in one flight.
+    let reads = Reads {
+        session_id: &session.id,
+        checkpoint: true,
+        effects_in: Some(EffectStatus::Invoking),
+        ..Reads::default()
+    };
+    let found = tx.read(&reads).await?;
     // Whatever was in flight when the previous holder stopped may or may not have happened.
-    let effects_uncertain = engine::in_flight_uncertain(tx, &mut session, TAKEN_OVER, now).await?;
+    let effects_uncertain =
+        engine::mark_uncertain(tx, &mut session, found.in_status, TAKEN_OVER, now).await?;
     let mut changed = effects_uncertain > 0;
     let mut run = None;
     if matches!(
         session.status,
         SessionStatus::Runnable | SessionStatus::Running
     ) {
-        let live = tx.live_checkpoint(&session.id).await?;
-        let failure = match (&session.active_turn_id, live) {
+        let failure = match (&session.active_turn_id, found.checkpoint) {
             (Some(turn), Some(live)) if &live.turn_id == turn => {
                 match serde_json::from_value::<TurnCheckpoint>(live.data) {
                     Ok(checkpoint) => {
@@ -910,7 +955,14 @@ pub(crate) async fn finish_segment<T: Tx>(
     outcome: SegmentOutcome,
     in_flight_reason: Option<String>,
 ) -> Result<(SegmentEnd, usize), StoreError> {
-    let mut session = engine::locked_session(tx, &fence.session_id).await?;
+    let reads = Reads {
+        effects_in: in_flight_reason.as_ref().map(|_| EffectStatus::Invoking),
+        ..Reads::locking(&fence.session_id)
+    };
+    let found = tx.read(&reads).await?;
+    let mut session = found
+        .session
+        .ok_or_else(|| StoreError::not_found(Entity::Session, &fence.session_id))?;
     let now = tx.now().await?;
     // An expired lease may still be used to finish as long as nobody took over.
     let far_past = Timestamp::from_unix_millis(i64::MIN);
@@ -919,7 +971,7 @@ pub(crate) async fn finish_segment<T: Tx>(
     if let Some(reason) = &in_flight_reason {
         // Aborted by a shutdown: what the segment had in flight may or may not happen. Said now,
         // under the lease, rather than when the next start claims the session.
-        uncertain = engine::in_flight_uncertain(tx, &mut session, reason, now).await?;
+        uncertain = engine::mark_uncertain(tx, &mut session, found.in_status, reason, now).await?;
     }
     let end = if turn_active(&session, &turn_id) {
         apply_outcome(tx, &mut session, &turn_id, outcome, now).await?

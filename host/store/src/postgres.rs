@@ -16,18 +16,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, NoTls, Statement};
 
 use crate::backend::Backend;
-use crate::engine::{
-    self, Row, Tx, action_columns, agent_columns, checkpoint_columns, command_columns, counter,
-    effect_columns, event_columns, item_columns, owner_columns, session_columns,
-};
 use crate::error::{BoxError, Entity, OpenStoreError, StoreError};
 use crate::feed::{EventNotice, Feed, Notice, WorkNotice};
 use crate::migrations;
-use crate::model::{
-    Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectStatus, Event,
-    Item, NewAgent, NewCheckpoint, Session, SessionCount, SessionFilter, SessionStatus,
-    StoreBackend, Timestamp,
-};
+use crate::model::{Session, StoreBackend, Timestamp};
+use crate::sql::{self, Param, Row, Sql, args, claimable, session_columns};
+use crate::tx::{Fetched, Found, Query, Reads, Tx};
 
 /// The connection settings of `tokio-postgres` (host, port, user, database, timeouts...).
 pub use tokio_postgres::Config as PostgresConfig;
@@ -698,20 +692,16 @@ impl Row for tokio_postgres::Row {
     }
 }
 
-type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
-
-/// A statement parameter owned by a deferred write.
-type OwnedParam = Box<dyn ToSql + Sync + Send>;
-
-/// Owned parameters for [`PgTx::defer`].
-macro_rules! owned {
-    ($($param:expr),* $(,)?) => {
-        vec![$(Box::new($param) as OwnedParam),*]
-    };
+/// A parameter as the driver takes it.
+fn pg_param<'p>(param: &'p Param<'_>) -> &'p (dyn ToSql + Sync) {
+    match param {
+        Param::Int(value) => value,
+        Param::Text(text) => text,
+    }
 }
 
-/// A write in flight, as [`in_order`] polls it.
-type Write<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+/// A request in flight, as [`in_order`] polls it.
+type Flight<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// A write whose result the engine does not need: sent with the next round trip.
 enum Deferred {
@@ -719,7 +709,7 @@ enum Deferred {
     Statement {
         operation: &'static str,
         sql: &'static str,
-        params: Vec<OwnedParam>,
+        params: Vec<Param<'static>>,
     },
 }
 
@@ -740,13 +730,35 @@ impl Drop for Lent {
     }
 }
 
+/// Locks a session and reads the server's clock once the lock is granted.
+const LOCK_SESSION: &str = concat!(
+    "SELECT ",
+    session_columns!(),
+    ", ",
+    clock!(),
+    " FROM corral_sessions WHERE id = $1 FOR UPDATE"
+);
+
+/// Claims the oldest claimable session by the server's clock, skipping those other replicas
+/// hold, and reads that clock.
+const CLAIM_SESSION: &str = concat!(
+    "SELECT ",
+    session_columns!(),
+    ", ",
+    clock!(),
+    claimable!(clock!()),
+    " FOR UPDATE SKIP LOCKED"
+);
+
 /// One open transaction on PostgreSQL.
 ///
 /// Round trips dominate on loopback, so writes whose result the engine ignores are deferred and
-/// pipelined with the next read or with the `COMMIT`: a durable step (lock the session, append an
-/// event, replace the checkpoint, update the session) costs two round trips, `BEGIN` + lock and
-/// writes + `COMMIT`. The server executes pipelined statements in the order they were sent, which
-/// is the order the engine issued them.
+/// pipelined with the next read or with the `COMMIT`, and the reads a step makes together
+/// ([`Reads`]) are sent together: a durable step (lock the session and read what the step
+/// guards, append events, replace the checkpoint, update the session) costs two round trips,
+/// `BEGIN` + lock + reads and writes + `COMMIT`. tokio-postgres queues a request on its first
+/// poll and the server executes pipelined statements in the order they were sent, which is the
+/// order the engine issued them.
 pub(crate) struct PgTx<'c> {
     client: &'c deadpool_postgres::ClientWrapper,
     pending: Vec<Deferred>,
@@ -762,14 +774,6 @@ impl<'c> PgTx<'c> {
             now: None,
             notices: Vec::new(),
         }
-    }
-
-    fn defer(&mut self, operation: &'static str, sql: &'static str, params: Vec<OwnedParam>) {
-        self.pending.push(Deferred::Statement {
-            operation,
-            sql,
-            params,
-        });
     }
 
     async fn prepare(&self, operation: &'static str, sql: &str) -> Result<Statement, StoreError> {
@@ -800,16 +804,13 @@ impl<'c> PgTx<'c> {
                 } => Some((
                     *operation,
                     self.prepare(operation, sql).await?,
-                    params
-                        .iter()
-                        .map(|param| &**param as &(dyn ToSql + Sync))
-                        .collect::<Vec<_>>(),
+                    params.iter().map(pg_param).collect::<Vec<_>>(),
                 )),
             });
         }
-        let writes: Vec<Write<'_>> = prepared
+        let writes: Vec<Flight<'_, ()>> = prepared
             .iter()
-            .map(|prepared| -> Write<'_> {
+            .map(|prepared| -> Flight<'_, ()> {
                 match prepared {
                     None => Box::pin(async move {
                         client
@@ -827,7 +828,7 @@ impl<'c> PgTx<'c> {
                 }
             })
             .collect();
-        in_order(writes, last).await
+        Ok(in_order(writes, last).await?.1)
     }
 
     /// Sends the remaining writes, `COMMIT` and the [`ANNOUNCE`] statement for the transaction's
@@ -872,75 +873,24 @@ impl<'c> PgTx<'c> {
         .await?;
         Ok(notices)
     }
-
-    async fn execute(
-        &mut self,
-        operation: &'static str,
-        sql: &str,
-        params: Params<'_>,
-    ) -> Result<u64, StoreError> {
-        let statement = self.prepare(operation, sql).await?;
-        let client = self.client;
-        self.pipeline(async move {
-            client
-                .execute(&statement, params)
-                .await
-                .map_err(|error| pg_error(operation, error))
-        })
-        .await
-    }
-
-    async fn query_all<T>(
-        &mut self,
-        operation: &'static str,
-        sql: &str,
-        params: Params<'_>,
-        decode: impl Fn(&tokio_postgres::Row) -> Result<T, StoreError>,
-    ) -> Result<Vec<T>, StoreError> {
-        let statement = self.prepare(operation, sql).await?;
-        let client = self.client;
-        let rows = self
-            .pipeline(async move {
-                client
-                    .query(&statement, params)
-                    .await
-                    .map_err(|error| pg_error(operation, error))
-            })
-            .await?;
-        rows.iter().map(decode).collect()
-    }
-
-    async fn query_opt<T>(
-        &mut self,
-        operation: &'static str,
-        sql: &str,
-        params: Params<'_>,
-        decode: impl Fn(&tokio_postgres::Row) -> Result<T, StoreError>,
-    ) -> Result<Option<T>, StoreError> {
-        Ok(self
-            .query_all(operation, sql, params, decode)
-            .await?
-            .into_iter()
-            .next())
-    }
 }
 
-/// Polls `writes` and then `last` in order on every wake-up, so that each request is queued on
+/// Polls `first` in order and then `last` on every wake-up, so that each request is queued on
 /// the connection in that order; fails with the first error, in that order.
-async fn in_order<T>(
-    mut writes: Vec<Write<'_>>,
+async fn in_order<A, T>(
+    mut first: Vec<Flight<'_, A>>,
     last: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
+) -> Result<(Vec<A>, T), StoreError> {
     let mut last = std::pin::pin!(last);
-    let mut done = vec![false; writes.len()];
+    let mut outputs: Vec<Option<A>> = first.iter().map(|_| None).collect();
     let mut output = None;
     std::future::poll_fn(|context| {
-        for (write, done) in writes.iter_mut().zip(done.iter_mut()) {
-            if *done {
+        for (flight, done) in first.iter_mut().zip(outputs.iter_mut()) {
+            if done.is_some() {
                 continue;
             }
-            match write.as_mut().poll(context) {
-                Poll::Ready(Ok(())) => *done = true,
+            match flight.as_mut().poll(context) {
+                Poll::Ready(Ok(value)) => *done = Some(value),
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                 Poll::Pending => {}
             }
@@ -952,10 +902,11 @@ async fn in_order<T>(
                 Poll::Pending => {}
             }
         }
-        if done.iter().all(|done| *done)
+        if outputs.iter().all(Option::is_some)
             && let Some(value) = output.take()
         {
-            return Poll::Ready(Ok(value));
+            let outputs = std::mem::take(&mut outputs).into_iter().flatten().collect();
+            return Poll::Ready(Ok((outputs, value)));
         }
         Poll::Pending
     })
@@ -967,748 +918,127 @@ impl Tx for PgTx<'_> {
         &mut self.notices
     }
 
-    async fn ping(&mut self) -> Result<(), StoreError> {
-        self.query_all("ping", "SELECT 1::bigint", &[], |row| row.int(0))
-            .await?;
-        Ok(())
-    }
-
     async fn now(&mut self) -> Result<Timestamp, StoreError> {
         if let Some(now) = self.now {
             return Ok(now);
         }
-        let millis = self
-            .query_opt("read the clock", concat!("SELECT ", clock!()), &[], |row| {
-                row.int(0)
-            })
-            .await?
-            .ok_or_else(|| {
-                StoreError::corrupt(Entity::Session, "", "the clock query returned no row")
-            })?;
-        let now = Timestamp::from_unix_millis(millis);
+        let clock = Query {
+            operation: "read the clock",
+            sql: Sql::postgres_only(concat!("SELECT ", clock!())),
+            params: args![],
+            decode: |row| Ok(Timestamp::from_unix_millis(row.int(0)?)),
+        };
+        let now = self.query(vec![clock]).await?.into_iter().flatten().next();
+        let now = now.ok_or_else(|| {
+            StoreError::corrupt(Entity::Session, "", "the clock query returned no row")
+        })?;
         self.now = Some(now);
         Ok(now)
     }
 
-    async fn session(&mut self, id: &str, lock: bool) -> Result<Option<Session>, StoreError> {
-        if !lock {
-            return self
-                .query_opt(
-                    "read a session",
-                    concat!(
-                        "SELECT ",
-                        session_columns!(),
-                        " FROM corral_sessions WHERE id = $1"
-                    ),
-                    &[&id],
-                    engine::decode_session,
-                )
-                .await;
+    async fn execute(
+        &mut self,
+        operation: &'static str,
+        sql: Sql,
+        params: Vec<Param<'_>>,
+    ) -> Result<u64, StoreError> {
+        let statement = self.prepare(operation, sql.postgres).await?;
+        let params: Vec<_> = params.iter().map(pg_param).collect();
+        let client = self.client;
+        self.pipeline(async move {
+            client
+                .execute(&statement, &params)
+                .await
+                .map_err(|error| pg_error(operation, error))
+        })
+        .await
+    }
+
+    fn write(
+        &mut self,
+        operation: &'static str,
+        sql: Sql,
+        params: Vec<Param<'_>>,
+    ) -> Result<(), StoreError> {
+        self.pending.push(Deferred::Statement {
+            operation,
+            sql: sql.postgres,
+            params: params.into_iter().map(Param::into_owned).collect(),
+        });
+        Ok(())
+    }
+
+    async fn query<T: Send>(
+        &mut self,
+        queries: Vec<Query<'_, T>>,
+    ) -> Result<Vec<Vec<T>>, StoreError> {
+        let mut prepared = Vec::with_capacity(queries.len());
+        for query in &queries {
+            let statement = self.prepare(query.operation, query.sql.postgres).await?;
+            let params: Vec<_> = query.params.iter().map(pg_param).collect();
+            prepared.push((query.operation, statement, params));
         }
+        let client = self.client;
+        let reads: Vec<Flight<'_, Vec<tokio_postgres::Row>>> = prepared
+            .iter()
+            .map(|(operation, statement, params)| -> Flight<'_, _> {
+                Box::pin(async move {
+                    client
+                        .query(statement, params)
+                        .await
+                        .map_err(|error| pg_error(operation, error))
+                })
+            })
+            .collect();
+        let (rows, ()) = self
+            .pipeline(in_order(reads, std::future::ready(Ok(()))))
+            .await?;
+        queries
+            .iter()
+            .zip(rows)
+            .map(|(query, rows)| rows.iter().map(|row| (query.decode)(row)).collect())
+            .collect()
+    }
+
+    async fn read(&mut self, reads: &Reads<'_>) -> Result<Found, StoreError> {
         // The clock is read after the lock is granted, so a lease check made under the lock
         // never uses a time from before a wait on it.
-        let locked = self
-            .query_opt(
-                "lock a session",
-                concat!(
-                    "SELECT ",
-                    session_columns!(),
-                    ", ",
-                    clock!(),
-                    " FROM corral_sessions WHERE id = $1 FOR UPDATE"
-                ),
-                &[&id],
-                |row| Ok((engine::decode_session(row)?, row.int(20)?)),
-            )
-            .await?;
-        Ok(locked.map(|(session, millis)| {
-            if self.now.is_none() {
-                self.now = Some(Timestamp::from_unix_millis(millis));
-            }
+        let mut queries = Vec::new();
+        if reads.lock {
+            queries.push(Query {
+                operation: "lock a session",
+                sql: Sql::postgres_only(LOCK_SESSION),
+                params: args![reads.session_id],
+                decode: |row| {
+                    let clock = Timestamp::from_unix_millis(row.int(20)?);
+                    let session = Box::new(sql::decode_session(row)?);
+                    Ok(Fetched::Session(session, Some(clock)))
+                },
+            });
+        }
+        queries.extend(reads.queries());
+        let found = Found::new(reads, self.query(queries).await?);
+        if self.now.is_none() {
+            self.now = found.clock;
+        }
+        Ok(found)
+    }
+
+    async fn next_claimable_session(&mut self) -> Result<Option<Session>, StoreError> {
+        let claim = Query {
+            operation: "find a runnable session",
+            sql: Sql::postgres_only(CLAIM_SESSION),
+            params: args![],
+            decode: |row| {
+                let clock = Timestamp::from_unix_millis(row.int(20)?);
+                Ok((sql::decode_session(row)?, clock))
+            },
+        };
+        let claimed = self.query(vec![claim]).await?.into_iter().flatten().next();
+        Ok(claimed.map(|(session, clock)| {
+            self.now.get_or_insert(clock);
             session
         }))
-    }
-
-    async fn insert_session(&mut self, s: &Session) -> Result<bool, StoreError> {
-        let (owner, lease) = owner_columns(s);
-        let inserted = self
-            .execute(
-                "insert a session",
-                concat!(
-                    "INSERT INTO corral_sessions (",
-                    session_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-                     $15, $16, $17, $18, $19, $20) ON CONFLICT (id) DO NOTHING"
-                ),
-                &[
-                    &s.id,
-                    &s.tenant_id,
-                    &s.owner_user_id,
-                    &s.agent_id,
-                    &s.manifest.to_string(),
-                    &s.manifest_hash,
-                    &s.implementation_version,
-                    &s.creation.to_string(),
-                    &s.status.as_str(),
-                    &s.active_turn_id,
-                    &s.state.to_string(),
-                    &counter(s.version)?,
-                    &counter(s.last_cursor)?,
-                    &counter(s.last_item_seq)?,
-                    &owner,
-                    &lease,
-                    &counter(s.generation)?,
-                    &s.created_at.as_unix_millis(),
-                    &s.updated_at.as_unix_millis(),
-                    &s.closed_at.map(Timestamp::as_unix_millis),
-                ],
-            )
-            .await?;
-        Ok(inserted == 1)
-    }
-
-    async fn update_session(&mut self, s: &Session) -> Result<(), StoreError> {
-        let (owner, lease) = owner_columns(s);
-        self.defer(
-            "update a session",
-            "UPDATE corral_sessions SET status = $2, active_turn_id = $3, state = $4, \
-             version = $5, last_cursor = $6, last_item_seq = $7, owner_replica = $8, \
-             lease_expires_at = $9, generation = $10, updated_at = $11, closed_at = $12 \
-             WHERE id = $1",
-            owned![
-                s.id.clone(),
-                s.status.as_str(),
-                s.active_turn_id.clone(),
-                s.state.to_string(),
-                counter(s.version)?,
-                counter(s.last_cursor)?,
-                counter(s.last_item_seq)?,
-                owner.map(str::to_owned),
-                lease,
-                counter(s.generation)?,
-                s.updated_at.as_unix_millis(),
-                s.closed_at.map(Timestamp::as_unix_millis),
-            ],
-        );
-        Ok(())
-    }
-
-    async fn list_sessions(&mut self, filter: &SessionFilter) -> Result<Vec<Session>, StoreError> {
-        let sessions = self
-            .query_all(
-                "list sessions",
-                concat!(
-                    "SELECT ",
-                    session_columns!(),
-                    " FROM corral_sessions WHERE ($1::text IS NULL OR tenant_id = $1) \
-                     AND ($2::text IS NULL OR agent_id = $2) ORDER BY id"
-                ),
-                &[&filter.tenant_id, &filter.agent_id],
-                engine::decode_session,
-            )
-            .await?;
-        Ok(sessions
-            .into_iter()
-            .filter(|s| filter.statuses.is_empty() || filter.statuses.contains(&s.status))
-            .filter(|s| {
-                filter
-                    .owner_user_id
-                    .as_ref()
-                    .is_none_or(|o| *o == s.owner_user_id)
-            })
-            .collect())
-    }
-
-    async fn status_counts(
-        &mut self,
-        filter: &SessionFilter,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
-        self.query_all(
-            "count sessions",
-            "SELECT status, COUNT(*) FROM corral_sessions WHERE ($1::text IS NULL OR tenant_id = $1) \
-             AND ($2::text IS NULL OR agent_id = $2) AND ($3::text IS NULL OR owner_user_id = $3) \
-             GROUP BY status ORDER BY status",
-            &[&filter.tenant_id, &filter.agent_id, &filter.owner_user_id],
-            |row| Ok((row.text(0)?, row.int(1)?)),
-        )
-        .await
-    }
-
-    async fn next_claimable_session(
-        &mut self,
-        now: Timestamp,
-    ) -> Result<Option<Session>, StoreError> {
-        self.query_opt(
-            "find a runnable session",
-            concat!(
-                "SELECT ",
-                session_columns!(),
-                " FROM corral_sessions WHERE status IN ('runnable', 'running') \
-                 AND (owner_replica IS NULL OR lease_expires_at <= $1) \
-                 ORDER BY updated_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
-            ),
-            &[&now.as_unix_millis()],
-            engine::decode_session,
-        )
-        .await
-    }
-
-    async fn upsert_agent(
-        &mut self,
-        agent: &NewAgent,
-        now: Timestamp,
-    ) -> Result<AgentDefinition, StoreError> {
-        let stored = self
-            .query_opt(
-                "put an agent",
-                concat!(
-                    "INSERT INTO corral_agents (",
-                    agent_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $5, $6, $7) \
-                 ON CONFLICT (agent_id) DO UPDATE SET owner_tenant = excluded.owner_tenant, \
-                 shared_with = excluded.shared_with, \
-                     manifest = excluded.manifest, manifest_hash = excluded.manifest_hash, \
-                 implementation_version = excluded.implementation_version, \
-                 updated_at = excluded.updated_at RETURNING ",
-                    agent_columns!()
-                ),
-                &[
-                    &agent.agent_id,
-                    &agent.manifest.to_string(),
-                    &agent.manifest_hash,
-                    &agent.implementation_version,
-                    &now.as_unix_millis(),
-                    &agent.owner_tenant,
-                    &serde_json::to_string(&agent.shared_with).unwrap_or_else(|_| "[]".to_owned()),
-                ],
-                engine::decode_agent,
-            )
-            .await?;
-        stored.ok_or_else(|| {
-            StoreError::corrupt(
-                crate::Entity::Agent,
-                &agent.agent_id,
-                "the upsert returned no row",
-            )
-        })
-    }
-
-    async fn agent(&mut self, id: &str) -> Result<Option<AgentDefinition>, StoreError> {
-        self.query_opt(
-            "read an agent",
-            concat!(
-                "SELECT ",
-                agent_columns!(),
-                " FROM corral_agents WHERE agent_id = $1"
-            ),
-            &[&id],
-            engine::decode_agent,
-        )
-        .await
-    }
-
-    async fn list_agents(&mut self) -> Result<Vec<AgentDefinition>, StoreError> {
-        self.query_all(
-            "list agents",
-            concat!(
-                "SELECT ",
-                agent_columns!(),
-                " FROM corral_agents ORDER BY agent_id"
-            ),
-            &[],
-            engine::decode_agent,
-        )
-        .await
-    }
-
-    async fn insert_event(&mut self, e: &Event) -> Result<(), StoreError> {
-        self.defer(
-            "append an event",
-            concat!(
-                "INSERT INTO corral_events (",
-                event_columns!(),
-                ") VALUES ($1, $2, $3, $4, $5, $6)"
-            ),
-            owned![
-                e.session_id.clone(),
-                counter(e.cursor)?,
-                e.turn_id.clone(),
-                e.event_type.clone(),
-                e.payload.to_string(),
-                e.created_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn events_after(
-        &mut self,
-        session_id: &str,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
-        self.query_all(
-            "list events",
-            concat!(
-                "SELECT ",
-                event_columns!(),
-                " FROM corral_events WHERE session_id = $1 AND cursor > $2 \
-                 ORDER BY cursor LIMIT $3"
-            ),
-            &[&session_id, &after, &limit],
-            engine::decode_event,
-        )
-        .await
-    }
-
-    async fn insert_item(&mut self, i: &Item) -> Result<(), StoreError> {
-        self.defer(
-            "append an item",
-            concat!(
-                "INSERT INTO corral_items (",
-                item_columns!(),
-                ") VALUES ($1, $2, $3, $4, $5)"
-            ),
-            owned![
-                i.session_id.clone(),
-                counter(i.seq)?,
-                i.turn_id.clone(),
-                i.body.to_string(),
-                i.created_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn items_after(
-        &mut self,
-        session_id: &str,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<Item>, StoreError> {
-        self.query_all(
-            "page items",
-            concat!(
-                "SELECT ",
-                item_columns!(),
-                " FROM corral_items WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-            ),
-            &[&session_id, &after, &limit],
-            engine::decode_item,
-        )
-        .await
-    }
-
-    async fn live_checkpoint(
-        &mut self,
-        session_id: &str,
-    ) -> Result<Option<Checkpoint>, StoreError> {
-        self.query_opt(
-            "read the live checkpoint",
-            concat!(
-                "SELECT ",
-                checkpoint_columns!(),
-                " FROM corral_checkpoints WHERE session_id = $1 AND superseded_at IS NULL"
-            ),
-            &[&session_id],
-            engine::decode_checkpoint,
-        )
-        .await
-    }
-
-    async fn supersede_checkpoints(
-        &mut self,
-        session_id: &str,
-        keep: Option<(&str, i64)>,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        match keep {
-            Some((turn_id, segment)) => self.defer(
-                "supersede checkpoints",
-                "UPDATE corral_checkpoints SET superseded_at = $2 WHERE session_id = $1 \
-                 AND superseded_at IS NULL AND NOT (turn_id = $3 AND segment = $4)",
-                owned![
-                    session_id.to_owned(),
-                    now.as_unix_millis(),
-                    turn_id.to_owned(),
-                    segment
-                ],
-            ),
-            None => self.defer(
-                "supersede checkpoints",
-                "UPDATE corral_checkpoints SET superseded_at = $2 WHERE session_id = $1 \
-                 AND superseded_at IS NULL",
-                owned![session_id.to_owned(), now.as_unix_millis()],
-            ),
-        };
-        Ok(())
-    }
-
-    async fn upsert_checkpoint(
-        &mut self,
-        session_id: &str,
-        checkpoint: &NewCheckpoint,
-        segment: i64,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.defer(
-            "write a checkpoint",
-            "INSERT INTO corral_checkpoints (session_id, turn_id, segment, data, created_at, \
-             updated_at, superseded_at) VALUES ($1, $2, $3, $4, $5, $5, NULL) \
-             ON CONFLICT (session_id, turn_id, segment) DO UPDATE SET data = excluded.data, \
-             updated_at = excluded.updated_at, superseded_at = NULL",
-            owned![
-                session_id.to_owned(),
-                checkpoint.turn_id.clone(),
-                segment,
-                checkpoint.data.to_string(),
-                now.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn effect(&mut self, id: &str) -> Result<Option<Effect>, StoreError> {
-        self.query_opt(
-            "read an effect",
-            concat!(
-                "SELECT ",
-                effect_columns!(),
-                " FROM corral_effects WHERE effect_id = $1"
-            ),
-            &[&id],
-            engine::decode_effect,
-        )
-        .await
-    }
-
-    async fn insert_effect(&mut self, e: &Effect) -> Result<(), StoreError> {
-        self.defer(
-            "journal an effect",
-            concat!(
-                "INSERT INTO corral_effects (",
-                effect_columns!(),
-                ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-            ),
-            owned![
-                e.effect_id.clone(),
-                e.session_id.clone(),
-                e.turn_id.clone(),
-                e.kind.as_str(),
-                e.status.as_str(),
-                e.request.to_string(),
-                e.result.as_ref().map(ToString::to_string),
-                e.error.clone(),
-                e.created_at.as_unix_millis(),
-                e.updated_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn update_effect(&mut self, e: &Effect) -> Result<(), StoreError> {
-        self.defer(
-            "update an effect",
-            "UPDATE corral_effects SET status = $2, result = $3, error = $4, updated_at = $5 \
-             WHERE effect_id = $1",
-            owned![
-                e.effect_id.clone(),
-                e.status.as_str(),
-                e.result.as_ref().map(ToString::to_string),
-                e.error.clone(),
-                e.updated_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn session_effects(
-        &mut self,
-        session_id: &str,
-        status: Option<EffectStatus>,
-    ) -> Result<Vec<Effect>, StoreError> {
-        self.query_all(
-            "list effects",
-            concat!(
-                "SELECT ",
-                effect_columns!(),
-                " FROM corral_effects WHERE session_id = $1 AND ($2::text IS NULL OR status = $2) \
-                 ORDER BY created_at, effect_id"
-            ),
-            &[&session_id, &status.map(EffectStatus::as_str)],
-            engine::decode_effect,
-        )
-        .await
-    }
-
-    async fn action(&mut self, id: &str) -> Result<Option<Action>, StoreError> {
-        self.query_opt(
-            "read an action",
-            concat!(
-                "SELECT ",
-                action_columns!(),
-                " FROM corral_actions WHERE action_id = $1"
-            ),
-            &[&id],
-            engine::decode_action,
-        )
-        .await
-    }
-
-    async fn insert_action(&mut self, a: &Action) -> Result<(), StoreError> {
-        self.defer(
-            "create an action",
-            concat!(
-                "INSERT INTO corral_actions (",
-                action_columns!(),
-                ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
-            ),
-            owned![
-                a.action_id.clone(),
-                a.session_id.clone(),
-                a.turn_id.clone(),
-                a.agent_id.clone(),
-                a.manifest_hash.clone(),
-                a.implementation_version.clone(),
-                a.capability_id.clone(),
-                a.request.to_string(),
-                a.status.as_str(),
-                counter(a.generation)?,
-                a.claim_id.clone(),
-                a.lease_expires_at.map(Timestamp::as_unix_millis),
-                a.result.as_ref().map(ToString::to_string),
-                a.created_at.as_unix_millis(),
-                a.updated_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn update_action(&mut self, a: &Action) -> Result<(), StoreError> {
-        self.defer(
-            "update an action",
-            "UPDATE corral_actions SET status = $2, generation = $3, claim_id = $4, \
-             lease_expires_at = $5, result = $6, updated_at = $7 WHERE action_id = $1",
-            owned![
-                a.action_id.clone(),
-                a.status.as_str(),
-                counter(a.generation)?,
-                a.claim_id.clone(),
-                a.lease_expires_at.map(Timestamp::as_unix_millis),
-                a.result.as_ref().map(ToString::to_string),
-                a.updated_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn list_actions(&mut self, filter: &ActionFilter) -> Result<Vec<Action>, StoreError> {
-        let scope = filter.scope.as_ref();
-        let actions = self
-            .query_all(
-                "list actions",
-                concat!(
-                    "SELECT ",
-                    action_columns!(),
-                    " FROM corral_actions WHERE ($1::text IS NULL OR session_id = $1) \
-                     AND ($2::text IS NULL OR agent_id = $2) \
-                 AND ($3::text IS NULL OR manifest_hash = $3) \
-                 AND ($4::text IS NULL OR implementation_version = $4) \
-                 ORDER BY created_at, action_id"
-                ),
-                &[
-                    &filter.session_id,
-                    &scope.map(|s| s.agent_id.as_str()),
-                    &scope.map(|s| s.manifest_hash.as_str()),
-                    &scope.map(|s| s.implementation_version.as_str()),
-                ],
-                engine::decode_action,
-            )
-            .await?;
-        Ok(actions
-            .into_iter()
-            .filter(|a| filter.statuses.is_empty() || filter.statuses.contains(&a.status))
-            .collect())
-    }
-
-    async fn sessions_page(
-        &mut self,
-        filter: &SessionFilter,
-        after: &str,
-        limit: i64,
-    ) -> Result<Vec<Session>, StoreError> {
-        let statuses = engine::status_list(&filter.statuses, SessionStatus::as_str);
-        self.query_all(
-            "page sessions",
-            concat!(
-                "SELECT ",
-                session_columns!(),
-                " FROM corral_sessions WHERE id > $1 AND ($2::text IS NULL OR tenant_id = $2) \
-                 AND ($3::text IS NULL OR agent_id = $3) \
-                 AND ($4 = '' OR status = ANY(string_to_array($4, ','))) \
-                 AND ($6::text IS NULL OR owner_user_id = $6) ORDER BY id LIMIT $5"
-            ),
-            &[
-                &after,
-                &filter.tenant_id,
-                &filter.agent_id,
-                &statuses,
-                &limit,
-                &filter.owner_user_id,
-            ],
-            engine::decode_session,
-        )
-        .await
-    }
-
-    async fn session_counts(&mut self, statuses: &str) -> Result<Vec<SessionCount>, StoreError> {
-        self.query_all(
-            "count sessions",
-            "SELECT tenant_id, agent_id, status, count(*) FROM corral_sessions \
-             WHERE status = ANY(string_to_array($1, ',')) \
-             GROUP BY tenant_id, agent_id, status ORDER BY tenant_id, agent_id, status",
-            &[&statuses],
-            engine::decode_session_count,
-        )
-        .await
-    }
-
-    async fn expired_claims(&mut self, now: Timestamp) -> Result<Vec<Action>, StoreError> {
-        self.query_all(
-            "find expired claims",
-            concat!(
-                "SELECT ",
-                action_columns!(),
-                " FROM corral_actions WHERE status = 'claimed' AND lease_expires_at <= $1 \
-                 ORDER BY session_id, action_id LIMIT $2"
-            ),
-            &[&now.as_unix_millis(), &engine::BATCH],
-            engine::decode_action,
-        )
-        .await
-    }
-
-    async fn command(
-        &mut self,
-        session_id: &str,
-        key: &str,
-    ) -> Result<Option<CommandRecord>, StoreError> {
-        self.query_opt(
-            "read a command",
-            concat!(
-                "SELECT ",
-                command_columns!(),
-                " FROM corral_commands WHERE session_id = $1 AND idempotency_key = $2"
-            ),
-            &[&session_id, &key],
-            engine::decode_command,
-        )
-        .await
-    }
-
-    async fn insert_command(&mut self, c: &CommandRecord) -> Result<(), StoreError> {
-        self.defer(
-            "record a command",
-            concat!(
-                "INSERT INTO corral_commands (",
-                command_columns!(),
-                ") VALUES ($1, $2, $3, $4, $5, $6)"
-            ),
-            owned![
-                c.session_id.clone(),
-                c.idempotency_key.clone(),
-                c.command.to_string(),
-                c.response.to_string(),
-                counter(c.cursor)?,
-                c.created_at.as_unix_millis()
-            ],
-        );
-        Ok(())
-    }
-
-    async fn closed_sessions(
-        &mut self,
-        tenant_id: Option<&str>,
-        cutoff: Timestamp,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        self.query_all(
-            "find expired sessions",
-            "SELECT id, tenant_id FROM corral_sessions WHERE status = 'closed' \
-             AND closed_at <= $2 AND ($1::text IS NULL OR tenant_id = $1) ORDER BY id LIMIT $3",
-            &[&tenant_id, &cutoff.as_unix_millis(), &engine::BATCH],
-            |row| Ok((row.text(0)?, row.text(1)?)),
-        )
-        .await
-    }
-
-    async fn settled_sessions(
-        &mut self,
-        tenant_id: Option<&str>,
-        cutoff: Timestamp,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        self.query_all(
-            "find settled sessions",
-            "SELECT id, tenant_id FROM corral_sessions \
-             WHERE status IN ('idle', 'completed', 'failed', 'cancelled') \
-             AND updated_at <= $2 AND ($1::text IS NULL OR tenant_id = $1) ORDER BY id LIMIT $3",
-            &[&tenant_id, &cutoff.as_unix_millis(), &engine::BATCH],
-            |row| Ok((row.text(0)?, row.text(1)?)),
-        )
-        .await
-    }
-
-    async fn prune_history(
-        &mut self,
-        session_id: &str,
-        cutoff: Timestamp,
-    ) -> Result<(u64, u64), StoreError> {
-        let events = self
-            .execute(
-                "prune events",
-                "DELETE FROM corral_events WHERE session_id = $1 AND created_at <= $2",
-                &[&session_id, &cutoff.as_unix_millis()],
-            )
-            .await?;
-        let items = self
-            .execute(
-                "prune items",
-                "DELETE FROM corral_items WHERE session_id = $1 AND created_at <= $2",
-                &[&session_id, &cutoff.as_unix_millis()],
-            )
-            .await?;
-        Ok((events, items))
-    }
-
-    async fn delete_session(&mut self, id: &str) -> Result<(), StoreError> {
-        self.defer(
-            "delete a session",
-            "DELETE FROM corral_sessions WHERE id = $1",
-            owned![id.to_owned()],
-        );
-        Ok(())
-    }
-
-    async fn prune_checkpoints(&mut self, cutoff: Timestamp) -> Result<u64, StoreError> {
-        let pruned = self
-            .execute(
-                "prune checkpoints",
-                "DELETE FROM corral_checkpoints WHERE superseded_at IS NOT NULL \
-                 AND superseded_at <= $1",
-                &[&cutoff.as_unix_millis()],
-            )
-            .await?;
-        Ok(pruned)
-    }
-
-    async fn prune_commands(&mut self, cutoff: Timestamp) -> Result<u64, StoreError> {
-        let pruned = self
-            .execute(
-                "prune idempotency records",
-                "DELETE FROM corral_commands WHERE created_at <= $1",
-                &[&cutoff.as_unix_millis()],
-            )
-            .await?;
-        Ok(pruned)
     }
 }
 
