@@ -6,6 +6,7 @@
 //! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store]
 //!              [--before BIN [--before-label TEXT]]
 //! corral-bench --rerender bench/results.json     (REPORT.md again from saved figures)
+//! corral-bench --only WORKLOAD|model-context       (one workload's figures as JSON)
 //! ```
 //!
 //! `--before BIN` names a `corral-bench` built from an earlier commit: it measures the sandbox's
@@ -20,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+mod model;
 mod report;
 mod stats;
 mod workloads;
@@ -87,7 +89,7 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(args)
 }
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
@@ -114,6 +116,14 @@ fn main() -> anyhow::Result<()> {
     if let Some(only) = &args.only {
         // Profiling aid: one corral workload, printed as JSON, nothing written.
         let plan = Plan { quick: args.quick };
+        if only == "model-context" {
+            let figures = runtime.block_on(async {
+                let sandbox = workloads::sandbox(true, true)?;
+                model::model_context(plan, &sandbox).await
+            })?;
+            println!("{}", serde_json::to_string_pretty(&figures)?);
+            return Ok(());
+        }
         let results = runtime.block_on(workloads::only(plan, only))?;
         println!("{}", serde_json::to_string_pretty(&results)?);
         return Ok(());
@@ -133,6 +143,11 @@ fn main() -> anyhow::Result<()> {
         if plan.quick { " (quick)" } else { "" }
     );
     let (mut results, fuel) = runtime.block_on(corral_workloads(plan))?;
+    eprintln!("corral-bench: what the model sees (tokens, enumeration fuel, pre-flight)");
+    let model_context = runtime.block_on(async {
+        let sandbox = workloads::sandbox(true, true)?;
+        model::model_context(plan, &sandbox).await
+    })?;
     results.push(workloads::process_start(plan)?);
     results.extend(workloads::rss_per_session()?);
     let before = match &args.before {
@@ -202,6 +217,7 @@ fn main() -> anyhow::Result<()> {
         "chat_turn": chat_turn,
         "serve": serve,
         "tracing": tracing,
+        "model_context": model_context,
         "mcp_call": mcp,
         "js_host": js_host,
         "before": before,

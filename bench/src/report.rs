@@ -602,10 +602,74 @@ pub fn markdown(document: &Value) -> anyhow::Result<String> {
     }
     serve_section(&mut md, &document["serve"]);
     tracing_section(&mut md, &document["tracing"]);
+    model_section(&mut md, &document["model_context"]);
     Ok(md)
 }
 
 /// A turn with tracing off and on (`host/cli/examples/trace_bench.rs`).
+/// Tokens with and without discovery, enumeration fuel, pre-flight time (docs/model-context.md).
+fn model_section(md: &mut String, model: &Value) {
+    let Some(tokens) = model["tokens"].as_array() else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "\n## What the model sees\n\nTokens of `run_js`'s description (characters / 4) on catalogs \
+         made of real MCP servers' `tools/list` results (`host/catalog/corpus`): all the \
+         declarations, and what a model call carries with the default discovery budget of {} \
+         tokens, above which the description lists a line per tool and the model looks \
+         declarations up with `tools.$search` and `tools.$describe`.\n\n\
+         | catalog | tools | declarations | sent | ×N |\n|---|---|---|---|---|",
+        model["discovery_tokens"]
+    );
+    for row in tokens {
+        let full = row["full"].as_f64().unwrap_or(0.0);
+        let sent = row["sent"].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {}{} | **×{:.1}** |",
+            row["catalog"].as_str().unwrap_or("?"),
+            row["tools"],
+            row["full"],
+            row["sent"],
+            if row["discovery"] == true {
+                " (discovery)"
+            } else {
+                ""
+            },
+            if sent > 0.0 { full / sent } else { 0.0 }
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nFuel of enumerating `tools` (which holds each capability under its path and its id) over \
+         catalogs of `ns{{i % 10}}.group{{(i / 10) % 10}}.tool{{i}}`; the default budget is {} \
+         fuel. Fuel is deterministic: these are exact.\n\n| capabilities | Object.keys(tools) | \
+         for...in over three levels | JSON.stringify(tools) |\n|---|---|---|---|",
+        model["default_fuel"]
+    );
+    for row in model["enumeration"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            row["capabilities"],
+            row["Object.keys(tools)"],
+            row["for...in over three levels"],
+            row["JSON.stringify(tools)"]
+        );
+    }
+    let preflight = &model["preflight"];
+    let _ = writeln!(
+        md,
+        "\nPre-flight (parse, scope analysis and resolving every `tools` path) of a typical \
+         {}-byte script against {} capabilities: p50 {:.1} µs, p99 {:.1} µs.",
+        preflight["script_bytes"],
+        preflight["capabilities"],
+        preflight["p50_us"].as_f64().unwrap_or(0.0),
+        preflight["p99_us"].as_f64().unwrap_or(0.0)
+    );
+}
+
 fn tracing_section(md: &mut String, tracing: &Value) {
     if tracing["off"].is_null() {
         return;

@@ -111,6 +111,21 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
     assert!(tracing["on"]["p50_ms"].as_f64() > Some(0.0), "{tracing}");
     assert!(tracing["exports"].as_u64() > Some(0), "{tracing}");
     assert_eq!(tracing["spans_dropped"], 0, "{tracing}");
+    // What the model sees: discovery shrinks the largest catalog's description, enumeration
+    // finishes inside the default fuel, pre-flight was timed.
+    assert!(report.contains("## What the model sees"), "{report}");
+    let model = &results["model_context"];
+    let largest = &model["tokens"][2];
+    assert_eq!(largest["discovery"], true, "{model}");
+    assert!(
+        largest["sent"].as_u64() < largest["full"].as_u64(),
+        "{model}"
+    );
+    assert!(
+        model["enumeration"][0]["Object.keys(tools)"].as_u64() > Some(0),
+        "{model}"
+    );
+    assert!(model["preflight"]["p50_us"].as_f64() > Some(0.0), "{model}");
     assert!(report.contains("## MCP tool call, per call"), "{report}");
     assert!(report.contains("## The JavaScript host"), "{report}");
     assert_eq!(

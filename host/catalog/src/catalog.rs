@@ -27,6 +27,9 @@ pub struct Catalog {
     capabilities: Vec<Capability>,
     validators: Vec<Arc<InputValidator>>,
     index_by_id: HashMap<String, usize>,
+    /// Each capability's index by its JS path (parts joined with NUL), made the first time a
+    /// path is looked up.
+    index_by_path: OnceLock<HashMap<String, usize>>,
 }
 
 /// A capability's compiled input validator: compiled when the catalog is built, or for a
@@ -383,6 +386,7 @@ impl Catalog {
                 capabilities,
                 validators,
                 index_by_id,
+                index_by_path: OnceLock::new(),
             }),
         }
     }
@@ -433,6 +437,29 @@ impl Catalog {
         Some((index, self.capabilities.get(index)?))
     }
 
+    /// The capability bound at this JS path (`["github", "issues", "list"]`) and its index.
+    pub fn get_by_path<S: AsRef<str>>(&self, path: &[S]) -> Option<(usize, &Capability)> {
+        let join = |parts: &mut dyn Iterator<Item = &str>| {
+            let mut key = String::new();
+            for (i, part) in parts.enumerate() {
+                if i > 0 {
+                    key.push('\0');
+                }
+                key.push_str(part);
+            }
+            key
+        };
+        let index = self.index_by_path.get_or_init(|| {
+            self.capabilities
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (join(&mut c.js_path.iter().map(String::as_str)), i))
+                .collect()
+        });
+        let index = *index.get(&join(&mut path.iter().map(AsRef::as_ref)))?;
+        Some((index, self.capabilities.get(index)?))
+    }
+
     /// Number of capabilities.
     pub fn len(&self) -> usize {
         self.capabilities.len()
@@ -459,6 +486,7 @@ impl Catalog {
             capabilities: Vec::new(),
             validators: Vec::new(),
             index_by_id: HashMap::new(),
+            index_by_path: OnceLock::new(),
         };
         let chosen = self.capabilities.iter().zip(&self.validators);
         for ((capability, validator), _) in chosen.zip(&wanted).filter(|(_, keep)| **keep) {
@@ -481,6 +509,7 @@ impl Catalog {
             capabilities: self.capabilities.clone(),
             validators: self.validators.clone(),
             index_by_id: self.index_by_id.clone(),
+            index_by_path: OnceLock::new(),
         };
         for (capability, validator) in added.capabilities.into_iter().zip(added.validators) {
             if let Some(&first) = all.index_by_id.get(&capability.id) {

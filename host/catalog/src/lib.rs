@@ -35,6 +35,8 @@
 //! - [`render_typescript`] and [`render_prompt`] produce what the model sees; they fail, naming
 //!   the capability and JSON pointer, on schemas they cannot render faithfully (cyclic
 //!   references, for instance).
+//! - Above a token budget, [`render_prompt_within`] lists a line per capability instead, and
+//!   [`Catalog::search`] and [`Catalog::describe`] answer the model's lookups (discovery).
 //! - [`Catalog::validate_input`] is the host's enforcement: every call's input is validated
 //!   before the backend is invoked.
 //! - A [`Redactor`] removes configured secrets and patterns from every backend result before it
@@ -44,6 +46,7 @@
 
 mod capability;
 mod catalog;
+mod discovery;
 mod js;
 mod prompt;
 mod redact;
@@ -55,7 +58,8 @@ pub use catalog::{
     Catalog, CatalogFormat, InputViolation, LoadCatalogError, MAX_REPORTED_VIOLATIONS,
     MAX_VIOLATION_MESSAGE_CHARS, ValidateInputError,
 };
-pub use prompt::{RenderedPrompt, render_prompt};
+pub use discovery::{DEFAULT_SEARCH_RESULTS, DescribeError, MAX_SEARCH_RESULTS, did_you_mean};
+pub use prompt::{DEFAULT_DISCOVERY_TOKENS, RenderedPrompt, render_prompt, render_prompt_within};
 pub use redact::{BuildRedactorError, REDACTED, Redactor};
 pub use schema::SchemaRole;
 pub use typescript::{RenderSchemaError, check_renderable, render_typescript};

@@ -8,6 +8,12 @@
 //!   result never changes, so a replayed script reads the same value: it needs no journal
 //!   entry of its own.
 //!
+//! - `tools.$search({query, limit?})` and `tools.$describe({path})`: discovery for large
+//!   catalogs ([`corral_catalog::Catalog::search`], [`corral_catalog::Catalog::describe`]).
+//!   They answer from the turn's catalog and call no backend, but go through the journal like
+//!   any capability call ([`is_discovery`]): a replayed script reads the answers its first run
+//!   got, whatever the catalog's rendering has become since.
+//!
 //! The `$` prefix keeps them apart from catalog capabilities: a catalog that binds a name the
 //! runtime needs is refused when the run starts.
 
@@ -19,6 +25,10 @@ use crate::journal::{ConversationStore, Journaled};
 
 /// `tools.$result({id})`.
 pub(crate) const RESULT: &str = "$result";
+/// `tools.$search({query, limit?})`.
+pub(crate) const SEARCH: &str = "$search";
+/// `tools.$describe({path})`.
+pub(crate) const DESCRIBE: &str = "$describe";
 
 /// The runtime's functions as capabilities to bind.
 fn capabilities() -> Vec<Capability> {
@@ -37,7 +47,37 @@ fn capabilities() -> Vec<Capability> {
     );
     result.description =
         Some("The whole value of an earlier tool result of this turn that was cut to fit.".into());
-    vec![result]
+    let mut search = Capability::new(
+        SEARCH,
+        json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": 1000,
+                    "description": "Words of what the capability does or is named."},
+                "limit": {"type": "integer", "minimum": 1,
+                    "maximum": corral_catalog::MAX_SEARCH_RESULTS,
+                    "description": "How many results at most (default 5)."},
+            },
+            "required": ["query"],
+            "additionalProperties": false,
+        }),
+    );
+    search.description = Some(
+        "The capabilities that best match the query, with their TypeScript declarations.".into(),
+    );
+    let mut describe = Capability::new(
+        DESCRIBE,
+        json!({
+            "type": "object",
+            "properties": {"path": {"type": "string", "minLength": 1, "maxLength": 1000,
+                "description": "A capability's id or path, such as \"github.issues.list\"."}},
+            "required": ["path"],
+            "additionalProperties": false,
+        }),
+    );
+    describe.description =
+        Some("One capability's TypeScript declaration, description and examples.".into());
+    vec![result, search, describe]
 }
 
 /// What scripts are bound to: `catalog` and the runtime's functions.
@@ -47,7 +87,53 @@ pub(crate) fn script_catalog(catalog: &Catalog) -> Result<Catalog, LoadCatalogEr
 
 /// Whether `capability_id` is one of the runtime's functions.
 pub(crate) fn is_intrinsic(capability_id: &str) -> bool {
-    matches!(capability_id, RESULT)
+    matches!(capability_id, RESULT | SEARCH | DESCRIBE)
+}
+
+/// Whether `capability_id` is a discovery function: answered by [`discover`], through the
+/// journal.
+pub(crate) fn is_discovery(capability_id: &str) -> bool {
+    matches!(capability_id, SEARCH | DESCRIBE)
+}
+
+/// Answers `tools.$search` or `tools.$describe` from `catalog`.
+pub(crate) fn discover(
+    catalog: &Catalog,
+    invocation: &Invocation,
+) -> Result<ToolResult, InvokeCapabilityError> {
+    let failed = |message: String| InvokeCapabilityError::Failed {
+        capability_id: invocation.capability_id.clone(),
+        message,
+    };
+    let text = |name: &str| {
+        invocation
+            .argument()
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    match invocation.capability_id.as_str() {
+        SEARCH => {
+            let limit = invocation
+                .argument()
+                .get("limit")
+                .and_then(Value::as_u64)
+                .map_or(corral_catalog::DEFAULT_SEARCH_RESULTS, |n| {
+                    usize::try_from(n).unwrap_or(usize::MAX)
+                });
+            let hits = catalog
+                .search(text("query"), limit)
+                .map_err(|error| failed(error.to_string()))?;
+            Ok(ToolResult::new(Value::Array(hits)))
+        }
+        DESCRIBE => catalog
+            .describe(text("path"))
+            .map(ToolResult::new)
+            .map_err(|error| failed(error.to_string())),
+        other => Err(InvokeCapabilityError::UnknownCapability {
+            capability_id: other.to_string(),
+        }),
+    }
 }
 
 /// The id a model-facing result goes by: `s{step}t{k}` for the tool call `{turn}:s{step}:t{k}`.

@@ -383,7 +383,11 @@ impl CallJournal {
                 );
                 let capability_id = invocation.capability_id.clone();
                 let started = std::time::Instant::now();
-                let result = self.inner.invoke(&context, invocation).await;
+                let result = if crate::intrinsics::is_discovery(&capability_id) {
+                    crate::intrinsics::discover(&self.catalog, &invocation)
+                } else {
+                    self.inner.invoke(&context, invocation).await
+                };
                 let wall_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 self.cost(effect_id, &capability_id, wall_us, false);
                 if capture && let Ok(done) = &result {
@@ -496,7 +500,9 @@ impl Backend for ScriptBackend {
         invocation: Invocation,
     ) -> Result<ToolResult, InvokeCapabilityError> {
         let journal = &self.journal;
-        if crate::intrinsics::is_intrinsic(&invocation.capability_id) {
+        if crate::intrinsics::is_intrinsic(&invocation.capability_id)
+            && !crate::intrinsics::is_discovery(&invocation.capability_id)
+        {
             return crate::intrinsics::answer(
                 journal.store.as_ref(),
                 &journal.turn_id,

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use corral_catalog::{Catalog, render_prompt};
+use corral_catalog::{Catalog, render_prompt_within};
 use corral_models::{
     Message, ModelRequest, ModelResponse, RetryPolicy, ToolCall, ToolSpec, Usage, call_with_retry,
 };
@@ -209,7 +209,9 @@ async fn run_turn(ctx: &CancellationToken, input: Input) -> Result<RunResult, Ru
         if input.executor_factory.is_none() {
             return Err(RunError::Usage("JS mode needs an executor factory".into()));
         }
-        vec![run_js_tool(render_prompt(&input.capabilities)?.text)]
+        vec![run_js_tool(
+            render_prompt_within(&input.capabilities, input.limits.discovery_tokens)?.text,
+        )]
     };
     let script_catalog = if input.direct_tools {
         Arc::clone(&input.capabilities)

@@ -27,10 +27,20 @@ pub struct ModelLimits {
     /// the journal for later scripts (`tools.$result`). See [`crate::fit_to_budget`].
     #[serde(default = "default_result_tokens")]
     pub result_tokens: u32,
+    /// The most tokens `run_js`'s description may spend on declarations: a catalog whose
+    /// declarations would take more is listed a line per capability instead, and the model
+    /// looks declarations up with `tools.$search` and `tools.$describe`. See
+    /// [`corral_catalog::render_prompt_within`].
+    #[serde(default = "default_discovery_tokens")]
+    pub discovery_tokens: u32,
 }
 
 fn default_result_tokens() -> u32 {
     crate::fit::DEFAULT_RESULT_TOKENS
+}
+
+fn default_discovery_tokens() -> u32 {
+    corral_catalog::DEFAULT_DISCOVERY_TOKENS
 }
 
 impl Default for ModelLimits {
@@ -39,6 +49,7 @@ impl Default for ModelLimits {
             context_window: 128_000,
             max_output: 4_096,
             result_tokens: crate::fit::DEFAULT_RESULT_TOKENS,
+            discovery_tokens: corral_catalog::DEFAULT_DISCOVERY_TOKENS,
         }
     }
 }

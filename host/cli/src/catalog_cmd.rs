@@ -1,19 +1,21 @@
-//! `corral catalog <typescript|prompt|check> FILE.json [--namespace NAME]`: print what the model
+//! `corral catalog <typescript|prompt|check> FILE.json [--namespace NAME]` (`prompt` also
+//! takes `--discovery-tokens N`): print what the model
 //! would see of a catalog, or check it. Exit status: 0 on success, 1 for an invalid or
 //! unrenderable catalog, 2 for an unreadable file.
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use corral_catalog::{Catalog, check_renderable, render_prompt, render_typescript};
+use corral_catalog::{Catalog, check_renderable, render_prompt_within, render_typescript};
 
 /// What `corral catalog` does with the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CatalogAction {
     /// Print the TypeScript declarations.
     Typescript,
-    /// Print the `run_js` prompt, and its approximate token count on stderr.
-    Prompt,
+    /// Print the `run_js` prompt within this discovery budget, and its approximate token count
+    /// on stderr.
+    Prompt(u32),
     /// Print `ok: N capabilities`, or every error on stderr.
     Check,
 }
@@ -39,10 +41,16 @@ pub fn run(action: CatalogAction, file: &Path, namespace: Option<&str>) -> ExitC
     };
     let output = match action {
         CatalogAction::Typescript => render_typescript(&catalog),
-        CatalogAction::Prompt => render_prompt(&catalog).map(|prompt| {
-            eprintln!("approximately {} tokens", prompt.approx_tokens);
-            prompt.text
-        }),
+        CatalogAction::Prompt(discovery_tokens) => render_prompt_within(&catalog, discovery_tokens)
+            .map(|prompt| {
+                let form = if prompt.discovery {
+                    " (discovery form)"
+                } else {
+                    ""
+                };
+                eprintln!("approximately {} tokens{form}", prompt.approx_tokens);
+                prompt.text
+            }),
         // A catalog the model cannot be shown is not usable, so `check` renders it too.
         CatalogAction::Check => {
             let errors = check_renderable(&catalog);

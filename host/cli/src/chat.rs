@@ -82,6 +82,10 @@ pub struct ChatArgs {
     /// to fit, keeping its shape (docs/chat.md, "Results that fit").
     #[arg(long, default_value_t = corral_chat::DEFAULT_RESULT_TOKENS)]
     result_tokens: u32,
+    /// The most tokens `run_js`'s description may spend on declarations; a larger catalog is
+    /// listed a line per tool, looked up with `tools.$search`/`$describe` (docs/model-context.md).
+    #[arg(long, default_value_t = corral_catalog::DEFAULT_DISCOVERY_TOKENS)]
+    discovery_tokens: u32,
     /// Instructions for the model.
     #[arg(
         long,
@@ -384,6 +388,7 @@ impl Chat {
             model: Arc::clone(&self.model),
             limits: ModelLimits {
                 result_tokens: self.args.result_tokens,
+                discovery_tokens: self.args.discovery_tokens,
                 ..ModelLimits::default()
             },
             store: Arc::new(StoreJournal::new(

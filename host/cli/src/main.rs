@@ -57,7 +57,14 @@ enum CatalogCommand {
     /// Print the TypeScript declarations the model sees.
     Typescript(CatalogFile),
     /// Print the `run_js` prompt text (and its approximate size in tokens on stderr).
-    Prompt(CatalogFile),
+    Prompt {
+        #[command(flatten)]
+        catalog: CatalogFile,
+        /// Above this many estimated tokens of declarations, print the discovery form (a line
+        /// per tool) that `corral chat` and `corral serve` would send.
+        #[arg(long, default_value_t = corral_catalog::DEFAULT_DISCOVERY_TOKENS)]
+        discovery_tokens: u32,
+    },
     /// Validate a catalog; exit 1 with the errors if it is invalid.
     Check(CatalogFile),
 }
@@ -92,7 +99,13 @@ fn main() -> ExitCode {
         Command::Catalog { action } => {
             let (action, file) = match action {
                 CatalogCommand::Typescript(f) => (catalog_cmd::CatalogAction::Typescript, f),
-                CatalogCommand::Prompt(f) => (catalog_cmd::CatalogAction::Prompt, f),
+                CatalogCommand::Prompt {
+                    catalog,
+                    discovery_tokens,
+                } => (
+                    catalog_cmd::CatalogAction::Prompt(discovery_tokens),
+                    catalog,
+                ),
                 CatalogCommand::Check(f) => (catalog_cmd::CatalogAction::Check, f),
             };
             catalog_cmd::run(action, &file.file, file.namespace.as_deref())

@@ -278,3 +278,58 @@ fn a_cut_result_is_read_whole_by_the_next_script() {
         "{stderr}"
     );
 }
+
+/// Discovery and pre-flight, under `corral chat`: with `--discovery-tokens 0` the model finds
+/// `shop.orders.cancel` with `tools.$search` and calls it; its next script names a tool that
+/// does not exist after a real call, and pre-flight stops it before that call reaches the
+/// webhook, showing the model the path and the nearest name.
+#[test]
+fn a_tool_found_by_search_is_called_and_a_mistyped_one_never_runs() {
+    let (dir, url, calls) = setup();
+    let find = "const [hit] = await tools.$search({query: 'cancel order'}); \
+                const done = await tools[hit.id]({id: 'A-7'}); return hit.id + ' ' + done.status;";
+    let typo = "await tools.shop.orders.cancel({id: 'B-1'});\nreturn tools.shop.order.cancel({id: 'B-2'});";
+    let replies = json!([
+        {"toolCalls": [{"name": "run_js", "arguments": {"code": find}}]},
+        {"toolCalls": [{"name": "run_js", "arguments": {"code": typo}}]},
+        {"text": ANSWER}
+    ]);
+    std::fs::write(dir.path().join("replies.json"), replies.to_string()).expect("replies");
+    let child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .arg("chat")
+        .arg("--model")
+        .arg(format!(
+            "scripted:{}",
+            dir.path().join("replies.json").display()
+        ))
+        .arg("--catalog")
+        .arg(dir.path().join("catalog.json"))
+        .arg("--backend-url")
+        .arg(&url)
+        .arg("--store")
+        .arg(dir.path().join("chat.db"))
+        .args(["--auto-confirm", "--discovery-tokens", "0"])
+        .current_dir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("corral chat starts");
+    let mut chat = Chat::watch(child);
+    chat.wait_for("you> ", 1);
+    chat.type_line("cancel order A-7");
+    chat.wait_for("you> ", 2);
+    let (code, stdout, stderr) = chat.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains(ANSWER), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("shop.orders.cancel cancelled"),
+        "the found tool was not called:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("preflight_error") && stderr.contains("did you mean `shop.orders.cancel`?"),
+        "{stderr}"
+    );
+    // A-7 through discovery; B-1 never ran, its script stopped before it started.
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{stderr}");
+}

@@ -367,6 +367,77 @@ async fn webhook_backends_receive_each_call_as_json() {
     );
 }
 
+/// Pre-flight: a script whose second call names a tool that does not exist is not run at all,
+/// so its first call (a webhook with a side effect) never happens; the report names the path,
+/// its line and the nearest tool, and charges no fuel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_an_unknown_tool_stops_the_script_before_any_call() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    let seen = Arc::new(Seen::default());
+    tokio::spawn(serve(listener, seen.clone()));
+    let catalog = script_file(
+        r#"{"capabilities": [
+            {"id": "shop.orders.get", "input_schema": {"type": "object"}},
+            {"id": "shop.orders.cancel", "input_schema": {"type": "object"}}
+        ]}"#,
+    );
+    let run = |script: &'static str| {
+        let script = script_file(script);
+        let args = [
+            "exec".to_string(),
+            path(&script).to_string(),
+            "--catalog".into(),
+            path(&catalog).to_string(),
+            "--backend-url".into(),
+            url.clone(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        corral(&args, None)
+    };
+    let output = tokio::task::block_in_place(|| {
+        run(
+            "await tools.shop.orders.cancel({id: 'a'});\nconst order = await tools.shop.order.get({id: 'a'});\nreturn order;",
+        )
+    });
+    assert_eq!(output.status.code(), Some(1));
+    let stopped = report(&output);
+    let error = &stopped["error"];
+    assert_eq!(error["kind"], "preflight_error", "{stopped}");
+    assert_eq!(error["line"], 2);
+    assert_eq!(error["column"], 21);
+    assert_eq!(
+        error["unknown"],
+        json!([{"path": "tools.shop.order.get", "line": 2, "column": 21,
+            "suggestions": ["shop.orders.get"]}])
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did you mean `shop.orders.get`?")),
+        "{error}"
+    );
+    assert_eq!(stopped["stats"]["fuel"], 0);
+    assert_eq!(stopped["stats"]["calls"], 0);
+    assert!(
+        seen.requests.lock().await.is_empty(),
+        "the cancel before the bad call was sent"
+    );
+
+    // A path built at run time is not visible before the run: it fails where it is reached,
+    // after the calls before it, as it always has.
+    let output = tokio::task::block_in_place(|| {
+        run(
+            "await tools.shop.orders.get({id: 'b'});\nconst name = 'order';\nreturn await tools.shop[name].get({});",
+        )
+    });
+    let later = report(&output);
+    assert_eq!(later["error"]["kind"], "script_error", "{later}");
+    assert_eq!(seen.requests.lock().await.len(), 1);
+}
+
 /// Every way a run can fail: each prints exactly one line of valid UTF-8 JSON on stdout (the
 /// report, with a typed kind that is never `internal_error`), exits 1, and shows no wasm
 /// internals on either stream.

@@ -834,3 +834,102 @@ async fn segments_reuse_the_agents_binding_until_its_tool_list_changes() {
         }
     }
 }
+
+/// What the model sees under `corral serve`: an agent whose manifest sets `discoveryTokens: 0`
+/// gets the discovery form of `run_js`, its script finds the webhook tool with `$search` and
+/// calls it, and a later script that names a tool that does not exist is stopped by pre-flight
+/// before its first call reaches the webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_finds_its_tool_by_search_and_a_mistyped_call_never_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let url = recording_webhook(Arc::clone(&seen));
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}\"\nwebhookSecret = \"{WEBHOOK_SECRET}\"\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n",
+            dir.path().join("corral.db").display()
+        ),
+    )
+    .expect("config");
+    let server = Server::start(&config, &dir.path().join("serve.stderr"));
+    let base = server.base.clone();
+    let find = "const [hit] = await tools.$search({query: 'write a note', limit: 1});\n\
+                return {id: hit.id, done: await tools[hit.id]({text: 'found'})};";
+    let typo = "await tools.shop.note({text: 'first'});\nreturn await tools.shop.notes.list({});";
+    let manifest = json!({
+        "id": "finder",
+        "autoConfirm": true,
+        "discoveryTokens": 0,
+        "model": {"provider": "scripted", "replies": [
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": find}}]},
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": typo}}]},
+            {"text": "Done."}
+        ]},
+        "capabilities": [
+            {"kind": "webhook", "id": "shop.note", "description": "Write a note.",
+             "webhookUrl": url, "input_schema": {"type": "object"}},
+            {"kind": "webhook", "id": "shop.orders.get", "description": "Get an order.",
+             "webhookUrl": url, "input_schema": {"type": "object"}}
+        ]
+    });
+    ok(
+        &base,
+        reqwest::Method::PUT,
+        "/v1/agents/finder",
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+    ok(
+        &base,
+        reqwest::Method::PUT,
+        "/v1/sessions/f1",
+        Some(json!({"agentId": "finder", "ownerUserId": "ada"})),
+    )
+    .await;
+    ok(
+        &base,
+        reqwest::Method::POST,
+        "/v1/sessions/f1/commands",
+        Some(json!({"type": "message", "idempotencyKey": "m1", "content": "note it"})),
+    )
+    .await;
+    wait_status(&base, "f1", "completed").await;
+    let items = ok(
+        &base,
+        reqwest::Method::GET,
+        "/v1/sessions/f1/items?cursor=0&limit=1000",
+        None,
+    )
+    .await;
+    let results: Vec<Value> = items["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|e| e["type"] == "tool.finished" && e["data"]["name"] == "run_js")
+        .map(|e| e["data"]["result"].clone())
+        .collect();
+    assert_eq!(results.len(), 2, "{items}");
+    assert_eq!(
+        results[0]["value"],
+        json!({"id": "shop.note", "done": {"done": true}}),
+        "{}",
+        results[0]
+    );
+    assert_eq!(
+        results[1]["error"]["kind"], "preflight_error",
+        "{}",
+        results[1]
+    );
+    assert_eq!(
+        results[1]["error"]["unknown"][0]["path"],
+        "tools.shop.notes.list"
+    );
+    // One webhook call: the found note. The second script's first call never ran.
+    let seen = seen.lock().expect("calls").clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["input"][0]["text"], "found");
+    drop(server);
+}

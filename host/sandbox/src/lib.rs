@@ -98,6 +98,7 @@ mod fault_around {
 mod grants;
 mod json;
 mod limits;
+mod preflight;
 mod schedule;
 mod session;
 
@@ -110,6 +111,7 @@ pub use engine::{
 };
 pub use grants::{ClockGrant, EntropyGrant, Grants};
 pub use limits::{Limit, MAX_TIMEOUT_MS, SessionLimits};
+pub use preflight::{MAX_REPORTED_PATHS, PreflightError, UnknownPath, preflight};
 pub use schedule::{CompletionSchedule, DeliverReady, HeldCall, ScheduleError};
 pub use session::{
     CreateSessionError, ExecError, ExecutorSession, LOG_RECORD_OVERHEAD_BYTES, LogRecord,

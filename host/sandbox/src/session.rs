@@ -287,6 +287,11 @@ pub enum ExecError {
     /// The script was not run: it is too large or not valid text.
     #[error("invalid script: {0}")]
     InvalidScript(String),
+    /// The script was not run: it calls paths of `tools` that bind nothing
+    /// ([`crate::PreflightError`]). No fuel was charged and nothing was called; the session
+    /// stays usable.
+    #[error("{0}")]
+    Preflight(crate::PreflightError),
     /// An earlier script of this session hit a limit or trapped; sessions are never reused
     /// after that.
     #[error("the session was discarded after an earlier failure: {0}")]
@@ -304,7 +309,8 @@ impl ExecError {
     /// `capability_error` or `invalid_input` when the error is a call rejection the host
     /// delivered ([`ScriptError::call_rejection`]: a backend failure or a validation failure),
     /// else `script_error` (whatever the error's name says); the limit's kind for limits,
-    /// `invalid_input` for rejected scripts, `replay_drift` for a schedule that stopped the
+    /// `invalid_input` for rejected scripts, `preflight_error` for calls of unknown `tools` paths,
+    /// `replay_drift` for a schedule that stopped the
     /// script, `suspended` for held calls, `internal_error` otherwise.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -315,6 +321,7 @@ impl ExecError {
             },
             ExecError::LimitExceeded { limit, .. } => limit.kind(),
             ExecError::InvalidScript(_) => "invalid_input",
+            ExecError::Preflight(_) => "preflight_error",
             ExecError::Schedule(_) => "replay_drift",
             ExecError::Suspended { .. } => "suspended",
             ExecError::SessionDiscarded(_) => "session_discarded",
@@ -366,6 +373,17 @@ impl ExecError {
                     serde_json::to_value(held).unwrap_or(Value::Null),
                 );
                 error.insert("calls_started".into(), Value::from(*calls_started));
+            }
+            ExecError::Preflight(preflight) => {
+                error.insert("message".into(), Value::from(self.to_string()));
+                if let Some(first) = preflight.unknown.first() {
+                    error.insert("line".into(), Value::from(first.line));
+                    error.insert("column".into(), Value::from(first.column));
+                }
+                error.insert(
+                    "unknown".into(),
+                    serde_json::to_value(&preflight.unknown).unwrap_or(Value::Null),
+                );
             }
             other => {
                 error.insert("message".into(), Value::from(other.to_string()));
@@ -620,6 +638,17 @@ impl ExecutorSession {
                 ))),
                 logs: Vec::new(),
                 stats: RunStats::default(),
+            };
+        }
+
+        if let Err(error) = crate::preflight::preflight(source, &self.store.data().env.catalog) {
+            return ScriptReport {
+                outcome: Err(ExecError::Preflight(error)),
+                logs: Vec::new(),
+                stats: RunStats {
+                    wall_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    ..RunStats::default()
+                },
             };
         }
 

@@ -356,6 +356,18 @@ fn model_for(spec: &ModelSpec) -> Result<Arc<dyn Model>, String> {
     }
 }
 
+/// The model-facing budgets the manifest sets, the defaults for the rest.
+fn model_limits(manifest: &Manifest) -> ModelLimits {
+    let defaults = ModelLimits::default();
+    ModelLimits {
+        result_tokens: manifest.result_tokens.unwrap_or(defaults.result_tokens),
+        discovery_tokens: manifest
+            .discovery_tokens
+            .unwrap_or(defaults.discovery_tokens),
+        ..defaults
+    }
+}
+
 fn limits_for(manifest: &Manifest) -> SessionLimits {
     let mut limits = SessionLimits::default();
     if let Some(given) = &manifest.limits {
@@ -451,7 +463,7 @@ impl TurnRunner for ChatTurnRunner {
             .with_redactor(Arc::clone(&redactor));
         let input = Input {
             model: Arc::clone(&prepared.model),
-            limits: ModelLimits::default(),
+            limits: model_limits(manifest),
             store: Arc::new(StoreJournal::new(
                 Arc::clone(&job.store),
                 job.session.id.clone(),

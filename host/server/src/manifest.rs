@@ -46,6 +46,15 @@ pub struct Manifest {
     /// Script limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// The most estimated tokens one tool result may take in the model's context (64 to
+    /// 1,000,000; default 6,000): a larger one is cut to fit, keeping its shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_tokens: Option<u32>,
+    /// The most estimated tokens `run_js`'s description may spend on declarations (0 to
+    /// 1,000,000; default 8,000): above it the catalog is listed a line per capability and the
+    /// model looks declarations up with `tools.$search` and `tools.$describe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_tokens: Option<u32>,
     /// MCP servers whose tools become capabilities `NAME.tool` (stdio `{"name", "command",
     /// "args", "env", "cwd"}` or streamable HTTP `{"name", "url", "headers"}`; secrets as
     /// `{"secretRef": "NAME"}`, read from the server's `CORRAL_SECRET_NAME`).
@@ -224,6 +233,19 @@ impl Manifest {
         if let Some(limits) = &self.limits {
             limits.check()?;
         }
+        let budgets = [
+            ("resultTokens", self.result_tokens, 64),
+            ("discoveryTokens", self.discovery_tokens, 0),
+        ];
+        for (name, value, low) in budgets {
+            if let Some(value) = value
+                && !(low..=1_000_000).contains(&value)
+            {
+                return Err(ManifestError(format!(
+                    "manifest.{name} must be between {low} and 1000000, not {value}"
+                )));
+            }
+        }
         let mut catalog = Vec::new();
         let mut ids = std::collections::HashMap::new();
         for (index, capability) in self.capabilities.iter().enumerate() {
@@ -349,6 +371,23 @@ mod tests {
         assert!(Manifest::from_value(&bad).is_err());
         let bad = json!({"id": "a", "model": {"provider": "openai"}});
         assert!(Manifest::from_value(&bad).is_err());
+    }
+
+    #[test]
+    fn model_budgets_are_checked_against_their_ranges() {
+        let with = |name: &str, value: u64| {
+            let mut manifest = json!({"id": "a", "model": {"provider": "scripted"}});
+            manifest[name] = json!(value);
+            Manifest::from_value(&manifest).map(|m| (m.result_tokens, m.discovery_tokens))
+        };
+        assert_eq!(with("resultTokens", 64).expect("valid"), (Some(64), None));
+        assert_eq!(with("discoveryTokens", 0).expect("valid"), (None, Some(0)));
+        let error = with("resultTokens", 63).expect_err("below").to_string();
+        assert_eq!(
+            error,
+            "manifest.resultTokens must be between 64 and 1000000, not 63"
+        );
+        assert!(with("discoveryTokens", 1_000_001).is_err());
     }
 
     #[test]

@@ -8,7 +8,10 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use corral_catalog::{Capability, Catalog, render_typescript};
+use corral_catalog::{
+    Capability, Catalog, DEFAULT_DISCOVERY_TOKENS, render_prompt, render_prompt_within,
+    render_typescript,
+};
 use serde_json::{Map, Value, json};
 
 use crate::rendering::features_catalog;
@@ -319,4 +322,115 @@ fn invalid_instance(schema: &Value, valid: &Value) -> (Value, String) {
         }
     }
     (json!("not an object"), String::new())
+}
+
+/// The corpus as one catalog: every server under its own namespace, `copies` times (copy `k`
+/// of server `s` under `s-k`), as an agent with that many real MCP servers would have it.
+fn combined(copies: usize) -> anyhow::Result<Catalog> {
+    let servers: Vec<String> = corpus()?.into_iter().map(|(server, _)| server).collect();
+    let mut capabilities = Vec::new();
+    for copy in 0..copies {
+        for server in &servers {
+            let namespace = match copy {
+                0 => server.clone(),
+                k => format!("{server}-{k}"),
+            };
+            let text = std::fs::read_to_string(crate_dir().join(format!("corpus/{server}.json")))?;
+            let catalog = Catalog::from_mcp_tools_json(&text, &namespace)
+                .map_err(|error| anyhow::anyhow!("{namespace}: {error}"))?;
+            capabilities.extend(catalog.capabilities().iter().cloned());
+        }
+    }
+    Ok(Catalog::new(capabilities)?)
+}
+
+/// Discovery: above the default budget, `run_js`'s description lists a line per tool; the
+/// figures (tokens estimated as the prompt estimates them) are written to
+/// `target/test-logs/catalog/discovery-tokens.txt` and quoted in docs/model-context.md.
+#[test]
+fn discovery_shrinks_the_description_of_large_catalogs() -> anyhow::Result<()> {
+    let github = corpus()?
+        .into_iter()
+        .find(|(server, _)| server == "github")
+        .map(|(_, catalog)| catalog)
+        .ok_or(anyhow::anyhow!("no github corpus"))?;
+    // Each with the least it must shrink by: the instructions are a fixed part of both forms.
+    let subjects = [
+        ("github", github, 2),
+        ("corpus", combined(1)?, 3),
+        ("corpus x3", combined(3)?, 3),
+    ];
+    let mut figures = String::from("catalog\ttools\tdeclarations\tdiscovery form\n");
+    for (name, catalog, shrink) in &subjects {
+        let full = render_prompt(catalog)?;
+        let within = render_prompt_within(catalog, DEFAULT_DISCOVERY_TOKENS)?;
+        let forced = render_prompt_within(catalog, 0)?;
+        assert!(!full.discovery && forced.discovery);
+        // Within the budget the description is the full one, byte for byte.
+        assert_eq!(
+            within.discovery,
+            full.approx_tokens > DEFAULT_DISCOVERY_TOKENS as usize
+        );
+        if !within.discovery {
+            assert_eq!(within.text, full.text);
+        }
+        // Every tool has its line.
+        for capability in catalog.capabilities() {
+            let line = format!("  tools.{}(", capability.js_path.join("."));
+            let quoted = capability.js_path.iter().any(|p| p.contains('-'));
+            assert!(quoted || forced.text.contains(&line), "{line}");
+        }
+        assert!(
+            forced.approx_tokens * shrink < full.approx_tokens,
+            "{name}: {} tokens in discovery form, {} in full",
+            forced.approx_tokens,
+            full.approx_tokens
+        );
+        writeln!(
+            figures,
+            "{name}\t{}\t{}\t{}",
+            catalog.len(),
+            full.approx_tokens,
+            forced.approx_tokens
+        )?;
+    }
+    assert!(subjects[2].1.len() >= 300);
+    let logs = repo_root().join("target/test-logs/catalog");
+    std::fs::create_dir_all(&logs)?;
+    std::fs::write(logs.join("discovery-tokens.txt"), &figures)?;
+    eprint!("{figures}");
+    Ok(())
+}
+
+/// A search over the whole corpus finds what a model would ask for, and a describe of a
+/// result gives a declaration with its input type.
+#[test]
+fn search_finds_corpus_tools_by_what_they_do() -> anyhow::Result<()> {
+    let catalog = combined(1)?;
+    let ids = |query: &str| -> anyhow::Result<Vec<String>> {
+        Ok(catalog
+            .search(query, 3)?
+            .iter()
+            .filter_map(|hit| hit["id"].as_str().map(str::to_owned))
+            .collect())
+    };
+    assert!(
+        ids("create issue")?.contains(&"github.create_issue".to_owned()),
+        "{:?}",
+        ids("create issue")?
+    );
+    assert_eq!(ids("geocode")?[0], "google-maps.maps_geocode");
+    assert!(
+        ids("read file")?
+            .iter()
+            .any(|id| id.starts_with("filesystem.read"))
+    );
+    let described = catalog.describe("github.create_issue")?;
+    assert!(
+        described["declaration"]
+            .as_str()
+            .is_some_and(|d| d.contains("create_issue(input: GithubCreateIssueInput)")),
+        "{described}"
+    );
+    Ok(())
 }
