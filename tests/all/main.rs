@@ -10,4 +10,5 @@ mod isolation;
 mod json;
 mod limits;
 mod patches;
+mod preflight;
 mod schedule;
