@@ -14,6 +14,7 @@
 // on all of them alike. Install the peers first with ./install.sh.
 
 import { spawnSync } from 'node:child_process'
+import fs from 'node:fs'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
 import os from 'node:os'
@@ -42,6 +43,9 @@ const UNITS = {
   call_roundtrip: 'us',
   concurrent_calls: 'ms',
   rss_per_session: 'KiB',
+  // Measured by the rss_per_session child, beside RSS.
+  pss_per_session: 'KiB',
+  private_per_session: 'KiB',
   deadline_overshoot: 'ms',
   process_start: 'ms',
 }
@@ -614,24 +618,46 @@ async function child(peerName, workload, quick) {
       await sleep(50)
       gc()
       const before = process.memoryUsage()
+      const rollupBefore = smapsRollup()
       const live = await p.liveSessions(RSS_SESSIONS)
       gc()
       await sleep(50)
       gc()
       const after = process.memoryUsage()
+      const rollupAfter = smapsRollup()
+      const perSession = (...fields) => {
+        const sum = (rollup) => fields.reduce((total, f) => total + (rollup[f] || 0), 0)
+        return (sum(rollupAfter) - sum(rollupBefore)) / RSS_SESSIONS
+      }
       const kib = (after.rss - before.rss) / 1024 / RSS_SESSIONS
       const heapKib = (after.heapUsed - before.heapUsed) / 1024 / RSS_SESSIONS
       const extKib = (after.external + after.arrayBuffers - before.external - before.arrayBuffers) / 1024 / RSS_SESSIONS
       let note = `${live.note}; rss ${Math.round(before.rss / 1024)} -> ${Math.round(after.rss / 1024)} KiB for ${RSS_SESSIONS} sessions; per session: node heapUsed ${heapKib.toFixed(1)} KiB, external+arrayBuffers ${extKib.toFixed(1)} KiB`
       if (live.extra) note += `; ${live.extra()}`
       live.dispose()
-      out = { samples: [kib], note }
-      break
+      // PSS and private memory beside RSS: RSS counts a page shared between sessions once per
+      // mapping of it, PSS divides it among them (so within one process counts it once).
+      const same = `${RSS_SESSIONS} live sessions; /proc/self/smaps_rollup`
+      return [
+        result(peerName, workload, [kib], note),
+        result(peerName, 'pss_per_session', [perSession('Pss')], `${same} Pss delta / ${RSS_SESSIONS}`),
+        result(peerName, 'private_per_session', [perSession('Private_Clean', 'Private_Dirty')], `${same} (Private_Clean + Private_Dirty) delta / ${RSS_SESSIONS}`),
+      ]
     }
     default:
       throw new Error(`workload ${workload} does not run in a child`)
   }
   return result(peerName, workload, out.samples, out.note)
+}
+
+// This process's /proc/self/smaps_rollup as {field: KiB}.
+function smapsRollup() {
+  const out = {}
+  for (const line of fs.readFileSync('/proc/self/smaps_rollup', 'utf8').split('\n')) {
+    const m = /^(\w+):\s+(\d+) kB$/.exec(line)
+    if (m) out[m[1]] = Number(m[2])
+  }
+  return out
 }
 
 // ---------------------------------------------------------------------------
@@ -712,15 +738,15 @@ function runChild(peerName, workload, quick) {
   const line = (r.stdout || '').trim().split('\n').pop()
   if (r.status === 0 && line) {
     try {
-      const res = JSON.parse(line)
-      log(`${workload} ${peerName}: p50 ${res.p50} ${res.unit} (n=${res.n}, ${secs}s)`)
-      return res
+      const all = [JSON.parse(line)].flat()
+      for (const res of all) log(`${res.workload} ${peerName}: p50 ${res.p50} ${res.unit} (n=${res.n}, ${secs}s)`)
+      return all
     } catch {}
   }
   const err = (r.stderr || '').trim().split('\n').slice(-3).join(' | ') || r.error?.message || ''
   const why = r.signal ? `child killed by ${r.signal}` : `child exited ${r.status}`
   log(`${workload} ${peerName}: FAILED (${why}) ${err}`)
-  return result(peerName, workload, null, `failed: ${why}: ${err}`.slice(0, 500))
+  return [result(peerName, workload, null, `failed: ${why}: ${err}`.slice(0, 500))]
 }
 
 function processStart(peerNames, unavailable, quick) {
@@ -819,7 +845,7 @@ async function main() {
     }
     for (const p of peers) {
       if (unavailable[p]) doc.results.push(result(p, w, null, unavailable[p]))
-      else doc.results.push(runChild(p, w, a.quick))
+      else doc.results.push(...runChild(p, w, a.quick))
     }
   }
   log(`done in ${(nsToMs(now() - started) / 1000).toFixed(1)} s`)

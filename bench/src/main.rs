@@ -108,10 +108,8 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    match args.child.as_deref() {
-        Some("rss") => return runtime.block_on(workloads::rss_child(false)),
-        Some("rss-fault-around") => return runtime.block_on(workloads::rss_child(true)),
-        _ => {}
+    if args.child.as_deref() == Some("rss") {
+        return runtime.block_on(workloads::rss_child());
     }
     if let Some(only) = &args.only {
         // Profiling aid: one corral workload, printed as JSON, nothing written.

@@ -20,7 +20,7 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn pick(self, full: usize, quick: usize) -> usize {
+    pub fn pick(self, full: usize, quick: usize) -> usize {
         if self.quick { quick } else { full }
     }
 }
@@ -330,69 +330,78 @@ pub async fn deadline_overshoot(plan: Plan, sandbox: &Sandbox) -> anyhow::Result
     ))
 }
 
-/// RSS added per live session with 100 alive (in a fresh child process), and the private part
-/// of it (`rss_per_session.private`: the pages the sessions wrote, as opposed to the pages of the
-/// guest's snapshot image they only read, which the kernel counts in every mapping's RSS but
-/// keeps in memory once). Measured twice: as configured by default (each session maps only the
-/// snapshot pages it reads), and with `SandboxConfig::fault_around` on (`.fault_around`: Linux
-/// maps up to 16 neighbours with each page read). Each child also times its 100 sessions, each
-/// started in a pool slot no session used before (`new_session.cold_slot`): new session +
-/// `return 1+1`, the session kept alive.
+/// Memory added per live session with 100 alive (in a fresh child process), three ways, from
+/// `/proc/self/smaps_rollup`: RSS (`rss_per_session`), PSS (`pss_per_session`) and private
+/// memory (`private_per_session`: Private_Clean + Private_Dirty). RSS counts a page of the
+/// guest's snapshot image in every session that maps it, though the kernel keeps it once; PSS
+/// divides each page among its mappings, so within one process it counts each page once; the
+/// private part is the pages only one mapping holds (the pages a session wrote). The child also
+/// times its 100 sessions, each started in a pool slot no session used before
+/// (`new_session.cold_slot`): new session + `return 1+1`, the session kept alive.
 pub fn rss_per_session() -> anyhow::Result<Vec<Measurement>> {
-    let mut measurements = Vec::new();
-    for (mode, suffix) in [("rss", ""), ("rss-fault-around", ".fault_around")] {
-        let exe = std::env::current_exe()?;
-        let output = std::process::Command::new(exe)
-            .args(["--child", mode])
-            .output()?;
-        if !output.status.success() {
-            bail!(
-                "the {mode} child failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        let value: Value = serde_json::from_slice(&output.stdout).context("rss child output")?;
-        let figure = |key: &str| value[key].as_f64().with_context(|| key.to_owned());
-        let starts: Vec<f64> =
-            serde_json::from_value(value["start_us"].clone()).context("rss child start_us")?;
-        measurements.extend([
-            summarize(
-                "corral",
-                &format!("rss_per_session{suffix}"),
-                "KiB",
-                vec![figure("kib_per_session")?],
-                "100 live sessions, each ran return 1+1; RSS delta / 100",
-            ),
-            summarize(
-                "corral",
-                &format!("rss_per_session{suffix}.private"),
-                "KiB",
-                vec![figure("private_kib_per_session")?],
-                "100 live sessions, each ran return 1+1; (RSS - shared) delta / 100",
-            ),
-            summarize(
-                "corral",
-                &format!("new_session.cold_slot{suffix}"),
-                "µs",
-                starts,
-                "new session + return 1+1 in a pool slot never used before, kept alive",
-            ),
-        ]);
+    let exe = std::env::current_exe()?;
+    let output = std::process::Command::new(exe)
+        .args(["--child", "rss"])
+        .output()?;
+    if !output.status.success() {
+        bail!(
+            "the rss child failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
-    Ok(measurements)
+    let value: Value = serde_json::from_slice(&output.stdout).context("rss child output")?;
+    let figure = |key: &str| value[key].as_f64().with_context(|| key.to_owned());
+    let starts: Vec<f64> =
+        serde_json::from_value(value["start_us"].clone()).context("rss child start_us")?;
+    let pss_note = format!(
+        "100 live sessions, each ran return 1+1; smaps_rollup Pss delta / 100 (Pss_Anon {:.1}, \
+         Pss_File {:.1}, Pss_Shmem {:.1} KiB; page tables {:.1} KiB more)",
+        figure("pss_anon_kib_per_session")?,
+        figure("pss_file_kib_per_session")?,
+        figure("pss_shmem_kib_per_session")?,
+        figure("page_tables_kib_per_session")?,
+    );
+    Ok(vec![
+        summarize(
+            "corral",
+            "rss_per_session",
+            "KiB",
+            vec![figure("kib_per_session")?],
+            "100 live sessions, each ran return 1+1; smaps_rollup Rss delta / 100",
+        ),
+        summarize(
+            "corral",
+            "pss_per_session",
+            "KiB",
+            vec![figure("pss_kib_per_session")?],
+            &pss_note,
+        ),
+        summarize(
+            "corral",
+            "private_per_session",
+            "KiB",
+            vec![figure("private_kib_per_session")?],
+            "100 live sessions, each ran return 1+1; smaps_rollup (Private_Clean + \
+             Private_Dirty) delta / 100",
+        ),
+        summarize(
+            "corral",
+            "new_session.cold_slot",
+            "µs",
+            starts,
+            "new session + return 1+1 in a pool slot never used before, kept alive",
+        ),
+    ])
 }
 
-/// The child half of [`rss_per_session`]: prints
-/// `{"kib_per_session": ..., "private_kib_per_session": ..., "start_us": [...]}`.
-pub async fn rss_child(fault_around: bool) -> anyhow::Result<()> {
-    let sandbox = sandbox_with(SandboxConfig {
-        fault_around,
-        ..SandboxConfig::default()
-    })?;
+/// The child half of [`rss_per_session`]: prints `{"kib_per_session": ...,
+/// "pss_kib_per_session": ..., "private_kib_per_session": ..., "start_us": [...], ...}`.
+pub async fn rss_child() -> anyhow::Result<()> {
+    let sandbox = sandbox_with(SandboxConfig::default())?;
     // One session first, so the engine, code and first-touch costs are not counted.
     let mut warm = sandbox.session(options(SessionLimits::default())).await?;
     run_ok(&mut warm, "return 1+1").await?;
-    let before = resident_bytes()?;
+    let before = Memory::now()?;
     let mut alive = Vec::new();
     let mut start_us = Vec::new();
     for _ in 0..100 {
@@ -402,50 +411,58 @@ pub async fn rss_child(fault_around: bool) -> anyhow::Result<()> {
         start_us.push(started.elapsed().as_secs_f64() * 1e6);
         alive.push(session);
     }
-    let after = resident_bytes()?;
-    let per_session =
-        |after: u64, before: u64| after.saturating_sub(before) as f64 / 1024.0 / alive.len() as f64;
+    let after = Memory::now()?;
+    let per_session = |fields: &[&str]| {
+        let sum = |memory: &Memory| fields.iter().map(|f| memory.kib(f)).sum::<u64>();
+        sum(&after).saturating_sub(sum(&before)) as f64 / alive.len() as f64
+    };
     println!(
         "{}",
         json!({
-            "kib_per_session": per_session(after.resident, before.resident),
-            "private_kib_per_session": per_session(after.private(), before.private()),
-            "before": before.resident,
-            "after": after.resident,
+            "kib_per_session": per_session(&["Rss"]),
+            "pss_kib_per_session": per_session(&["Pss"]),
+            "pss_anon_kib_per_session": per_session(&["Pss_Anon"]),
+            "pss_file_kib_per_session": per_session(&["Pss_File"]),
+            "pss_shmem_kib_per_session": per_session(&["Pss_Shmem"]),
+            "private_kib_per_session": per_session(&["Private_Clean", "Private_Dirty"]),
+            "page_tables_kib_per_session":
+                after.page_tables_kib.saturating_sub(before.page_tables_kib) as f64 / alive.len() as f64,
+            "before_kib": before.kib("Rss"),
+            "after_kib": after.kib("Rss"),
             "start_us": start_us,
-            "maps_read_pages_only": sandbox.maps_read_pages_only(),
         })
     );
     Ok(())
 }
 
-/// `/proc/self/statm`'s resident pages and the shared (file and shared-memory backed) part of
-/// them, in bytes.
-struct Resident {
-    resident: u64,
-    shared: u64,
+/// This process's `/proc/self/smaps_rollup` (its memory summed over all its mappings), and the
+/// memory its page tables take (`VmPTE` in `/proc/self/status`).
+struct Memory {
+    rollup: String,
+    page_tables_kib: u64,
 }
 
-impl Resident {
-    fn private(&self) -> u64 {
-        self.resident.saturating_sub(self.shared)
+impl Memory {
+    fn now() -> anyhow::Result<Self> {
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        Ok(Memory {
+            rollup: std::fs::read_to_string("/proc/self/smaps_rollup")?,
+            page_tables_kib: field_kib(&status, "VmPTE"),
+        })
+    }
+
+    /// A field of the rollup in KiB.
+    fn kib(&self, field: &str) -> u64 {
+        field_kib(&self.rollup, field)
     }
 }
 
-fn resident_bytes() -> anyhow::Result<Resident> {
-    let statm = std::fs::read_to_string("/proc/self/statm")?;
-    let mut fields = statm.split_whitespace().skip(1);
-    let mut next = |name: &str| -> anyhow::Result<u64> {
-        let pages: u64 = fields
-            .next()
-            .with_context(|| format!("statm has no {name} field"))?
-            .parse()?;
-        Ok(pages * 4096)
-    };
-    Ok(Resident {
-        resident: next("resident")?,
-        shared: next("shared")?,
-    })
+/// A `Name:  1234 kB` line's value; 0 if the kernel does not report it.
+fn field_kib(text: &str, field: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Reference scripts for the fuel table; their fuel is also asserted by `tests/quick.rs`.

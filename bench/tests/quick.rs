@@ -149,6 +149,8 @@ fn quick_run_covers_every_workload_and_keeps_fuel_budgets() {
         "call_roundtrip",
         "concurrent_calls",
         "rss_per_session",
+        "pss_per_session",
+        "private_per_session",
         "deadline_overshoot",
     ] {
         assert!(

@@ -69,13 +69,6 @@ pub struct SandboxConfig {
     /// seconds). Defaults to `$CORRAL_CACHE_DIR`, else `$XDG_CACHE_HOME/corral`, else
     /// `$HOME/.cache/corral`.
     pub cache_dir: Option<PathBuf>,
-    /// Let Linux map up to 16 neighbouring snapshot pages with each page a session reads
-    /// (fault-around), as it does for any file mapping. Off (the default), the sandbox registers
-    /// each pool slot's snapshot mapping with userfaultfd so that a session maps only the pages
-    /// it reads: the same memory, about 220 KiB less RSS per live session (`docs/performance-history.md`).
-    /// Makes no difference without `pool`, or where the kernel refuses userfaultfd (before
-    /// Linux 6.7, or under a seccomp filter that denies it): see [`Sandbox::maps_read_pages_only`].
-    pub fault_around: bool,
 }
 
 impl Default for SandboxConfig {
@@ -88,7 +81,6 @@ impl Default for SandboxConfig {
             max_memory_bytes: 1 << 30,
             max_stack_bytes: 2 << 20,
             cache_dir: default_cache_dir(),
-            fault_around: false,
         }
     }
 }
@@ -168,9 +160,6 @@ pub(crate) struct SandboxInner {
     pub(crate) compiled_from: CompiledFrom,
     /// Sessions alive now, counted only without the pool (the pool counts its own slots).
     pub(crate) unpooled_sessions: Option<Arc<AtomicU32>>,
-    /// The snapshot mappings registered so that sessions map only the pages they read; `None`
-    /// when [`SandboxConfig::fault_around`] is on or there is no pool.
-    pub(crate) image_mappings: Option<crate::fault_around::ImageMappings>,
 }
 
 /// A session's place among [`SandboxConfig::max_sessions`] when the sandbox has no pool: taken
@@ -286,8 +275,6 @@ impl Sandbox {
             None
         };
         let unpooled_sessions = (!config.pool).then(|| Arc::new(AtomicU32::new(0)));
-        let image_mappings =
-            (config.pool && !config.fault_around).then(crate::fault_around::ImageMappings::default);
         Ok(Sandbox {
             inner: Arc::new(SandboxInner {
                 engine,
@@ -296,7 +283,6 @@ impl Sandbox {
                 ticker,
                 compiled_from,
                 unpooled_sessions,
-                image_mappings,
             }),
         })
     }
@@ -304,13 +290,6 @@ impl Sandbox {
     /// The configuration the sandbox was built with.
     pub fn config(&self) -> &SandboxConfig {
         &self.inner.config
-    }
-
-    /// Whether sessions map only the snapshot pages they read ([`SandboxConfig::fault_around`]
-    /// off, the pool on, and the kernel allows userfaultfd with asynchronous write-protect
-    /// tracking).
-    pub fn maps_read_pages_only(&self) -> bool {
-        self.inner.image_mappings.is_some() && crate::fault_around::available()
     }
 
     /// Whether the compiled guest came from the on-disk cache.

@@ -77,24 +77,6 @@ mod bindings;
 mod calls;
 mod engine;
 pub mod examples;
-#[cfg(target_os = "linux")]
-mod fault_around;
-/// Elsewhere, sessions map snapshot pages as the system does.
-#[cfg(not(target_os = "linux"))]
-mod fault_around {
-    #[derive(Debug, Default)]
-    pub(crate) struct ImageMappings;
-    pub(crate) struct Instantiating;
-    impl ImageMappings {
-        pub(crate) fn instantiating(&self) -> Instantiating {
-            Instantiating
-        }
-        pub(crate) fn register_new(&self, _: &wasmtime::Engine, _: Instantiating) {}
-    }
-    pub fn available() -> bool {
-        false
-    }
-}
 mod grants;
 mod json;
 mod limits;

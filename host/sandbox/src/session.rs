@@ -549,11 +549,6 @@ impl Sandbox {
             });
             store.set_epoch_deadline(1);
         }
-        let instantiating = self
-            .inner
-            .image_mappings
-            .as_ref()
-            .map(|m| m.instantiating());
         let guest = self.inner.pre.instantiate_async(&mut store).await;
         // A cap below the guest's initial memory refuses instantiation itself: that is the
         // caller's option, not a guest failure.
@@ -570,11 +565,6 @@ impl Sandbox {
                 CreateSessionError::Guest(e)
             }
         })?;
-        // Before the guest touches its memory: a slot used for the first time gets its snapshot
-        // mapping registered, so this session maps only the pages it reads.
-        if let (Some(mappings), Some(instantiating)) = (&self.inner.image_mappings, instantiating) {
-            mappings.register_new(&self.inner.engine, instantiating);
-        }
         guest
             .corral_sandbox_session()
             .call_init(&mut store, &session_config)
