@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the console's browser test (host/cli/tests/console.rs) drives: Debian's headless
+# Installs what the console's browser test (host/cli/tests/slow/console/mod.rs) drives: Debian's headless
 # Chromium and its WebDriver server, chromedriver (the test talks WebDriver to it directly), and
 # the axe-core accessibility engine from npm (into target/node-tools/console/), which the test
 # runs in the page. Quick and silent when all are there.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the OTLP receiver the tracing test (host/cli/tests/serve_tracing.rs) exports to and
+# Installs the OTLP receiver the tracing test (host/cli/tests/slow/serve_tracing.rs) exports to and
 # reads spans back from: Arize Phoenix from PyPI, the trace store an operator would run, into a
 # Python virtual environment at target/trace-tools/ at the repository root. Quick and silent
 # when the pinned version is already there.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the API contract tools that `corral serve`'s contract test runs
-# (host/cli/tests/serve_contract.rs) into a Python virtual environment at target/python-tools/ at
+# (host/cli/tests/slow/serve_contract.rs) into a Python virtual environment at target/python-tools/ at
 # the repository root, from PyPI: schemathesis (the property-based API tester, driven only by the
 # OpenAPI document) and openapi-spec-validator (validates the document as OpenAPI 3.1). Quick and
 # silent when the pinned versions are already there.

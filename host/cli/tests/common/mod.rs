@@ -1,7 +1,14 @@
-//! Pieces shared by the binary's tests: a minimal blocking HTTP/1.1 exchange for the webhook
-//! backends they serve (one JSON request per connection, one JSON reply).
+//! Pieces shared by the tests of both binaries (`all` and `slow`) and the examples: a minimal
+//! blocking HTTP/1.1 exchange for the webhook backends they serve (one JSON request per
+//! connection, one JSON reply), and the address a `corral serve` child listens on; for the tests,
+//! `process` (the `corral` command, a `corral serve` child, the MCP test servers).
 
 #![allow(dead_code)]
+
+#[cfg(test)]
+mod process;
+#[cfg(test)]
+pub use process::*;
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;

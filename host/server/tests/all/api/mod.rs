@@ -1,16 +1,12 @@
 //! Black-box tests of `corral serve`'s wire contract, over real sockets.
 
-mod common;
-#[path = "api/contract.rs"]
 mod contract;
-#[path = "api/lifecycle.rs"]
 mod lifecycle;
-#[path = "api/tenancy.rs"]
 mod tenancy;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use corral_server::manifest::manifest_hash;
 use corral_server::routes::routes;
 use serde_json::{Value, json};
@@ -1417,8 +1413,7 @@ async fn metrics_count_commands_turns_and_streams() {
     h.session("s1", OPERATOR).await;
     h.message("s1", "k1", "tool").await;
     h.wait_status("s1", "completed").await;
-    let (status, text) = h.request("GET", "/metrics", Some(OPERATOR), None).await;
-    assert_eq!(status, 200);
+    let text = h.metrics().await;
     for line in [
         "corral_commands_total{tenant=\"default\",type=\"message\"} 1",
         "corral_turns_total{tenant=\"default\",agent=\"helper\",outcome=\"completed\"} 1",

@@ -1,11 +1,10 @@
 //! Both HTTP adapters against recorded wire fixtures (see tests/fixtures/SOURCES.md), served by
 //! a local server.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{self, FixtureServer, Reply};
 use anyhow::Result;
 use corral_models::{
     ApiKey, Message, Model, ModelError, ModelEvent, ModelRequest, Provider, ProviderConfig,
@@ -13,7 +12,6 @@ use corral_models::{
 };
 use futures::StreamExt;
 use serde_json::json;
-use support::{FixtureServer, Reply};
 
 const TEXT: &str =
     "The capital of France is Paris. It sits on the Seine and has about two million people.";

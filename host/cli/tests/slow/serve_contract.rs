@@ -8,19 +8,15 @@
 
 #![cfg(unix)]
 
-mod common;
-
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const OPERATOR: &str = "contract-operator-token-0001";
+use crate::common::{Server, repo_root};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+const OPERATOR: &str = "contract-operator-token-0001";
 
 /// A tool of the API tools' environment: `$CORRAL_API_TOOLS/bin/NAME`, by default
 /// `target/python-tools/bin/NAME`.
@@ -40,20 +36,7 @@ fn tool(name: &str) -> PathBuf {
     path
 }
 
-/// A `corral serve` child process, killed when dropped.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(dir: &Path) -> Serve {
+fn serve(dir: &Path) -> Server {
     let config = dir.join("serve.toml");
     std::fs::write(
         &config,
@@ -64,21 +47,7 @@ fn serve(dir: &Path) -> Serve {
         ),
     )
     .expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("corral serve starts");
-    let address = common::listening_address(&mut child).expect("corral serve listens");
-    let base = match address.strip_prefix("http://") {
-        Some(_) => address,
-        None => format!("http://{address}"),
-    };
-    Serve { child, base }
+    Server::start(&config, &dir.join("serve.stderr"))
 }
 
 /// `GET path` over a fresh connection; the body.

@@ -20,13 +20,9 @@
 
 #![cfg(unix)]
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Write as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -37,6 +33,8 @@ use corral_store::{
     EffectStatus, PostgresConfig, PostgresHost, PostgresOptions, PostgresStore, Store,
 };
 use serde_json::{Value, json};
+
+use crate::common::{self, Rng, Server, logging_webhook as webhook};
 
 const OPERATOR: &str = "replica-operator-token-01";
 const EXECUTOR: &str = "replica-executor-token-01";
@@ -73,89 +71,18 @@ fn manifest(webhook: &str) -> Value {
     })
 }
 
-/// A webhook that appends (and syncs) each call's `tool_call_id` to `log` before it performs
-/// it (waits `ms`, 20 by default), then answers `{"n": n}`.
-fn webhook(log: PathBuf) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}/", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let Some(request) = common::read_json_request(&mut stream) else {
-                    return;
-                };
-                if let Ok(mut file) = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                {
-                    let line = format!("{}\n", request["tool_call_id"].as_str().unwrap_or("?"));
-                    let _ = file.write_all(line.as_bytes());
-                    let _ = file.sync_data();
-                }
-                let input = &request["input"][0];
-                std::thread::sleep(Duration::from_millis(input["ms"].as_u64().unwrap_or(20)));
-                common::reply_json(
-                    &mut stream,
-                    &json!({"ok": true, "output": {"n": input["n"]}}),
-                );
-            });
-        }
-    });
-    url
-}
-
-/// A small xorshift generator: reproducible from its seed, printed at the start.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// One life of a replica: its process, address and log file.
-struct Replica {
-    child: Child,
-    base: String,
-}
-
 /// One life of a replica, for the overlap check: its log.
 struct Life {
     log: PathBuf,
 }
 
-fn spawn(config: &Path, log: &Path) -> Replica {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
+/// One life of a replica: a `corral serve` whose log (debug for the segments) goes to `log`.
+fn spawn(config: &Path, log: &Path) -> Server {
+    let mut command = common::serve(config);
+    command
         .env("CORRAL_LOG", "warn,corral_server::segments=debug")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(
-            std::fs::File::create(log)
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        )
-        .spawn()
-        .expect("spawn corral serve");
-    let base = common::listening_address(&mut child).unwrap_or_else(|| {
-        panic!(
-            "corral serve exited before listening; see {}",
-            log.display()
-        )
-    });
-    Replica { child, base }
+        .env("NO_COLOR", "1");
+    Server::spawn(command, log)
 }
 
 #[derive(Default)]
@@ -690,7 +617,7 @@ fn three_replicas_one_killed_at_random_lose_nothing_and_never_share_a_turn() {
         lives.push(Life { log: log.clone() });
         spawn(&serve_config, &log)
     };
-    let mut replicas: Vec<Replica> = (0..REPLICAS).map(|_| start(&mut lives)).collect();
+    let mut replicas: Vec<Server> = (0..REPLICAS).map(|_| start(&mut lives)).collect();
     let driver = Driver {
         client: reqwest::Client::new(),
     };

@@ -4,11 +4,9 @@
 //! Every test asserts outcomes (closed, refused, 429), never how long something took; the
 //! overall bounds only keep a broken server from hanging the suite.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{ACME, BETA, EXECUTOR, Harness, OPERATOR, Options, assert_error};
+use crate::common::{ACME, BETA, EXECUTOR, Harness, OPERATOR, Options, assert_error};
 use corral_server::limits::{CommandRate, Limits};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -31,12 +29,6 @@ async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
             Ok(n) => seen.extend_from_slice(&buffer[..n]),
         }
     }
-}
-
-async fn metrics(h: &Harness) -> String {
-    let (status, text) = h.request("GET", "/metrics", Some(OPERATOR), None).await;
-    assert_eq!(status, 200, "{text}");
-    text
 }
 
 fn limits(change: impl FnOnce(&mut Limits)) -> Limits {
@@ -109,7 +101,7 @@ async fn a_slow_header_flood_is_cut_off_while_normal_requests_are_served() {
     .await
     .expect("every slow-header connection is closed");
     assert_eq!(closed, FLOOD);
-    let text = metrics(&h).await;
+    let text = h.metrics().await;
     let timed_out = text
         .lines()
         .find_map(|l| l.strip_prefix("corral_connections_timed_out_total{reason=\"header_read\"} "))
@@ -174,7 +166,7 @@ async fn idle_connections_are_closed_but_open_streams_are_not() {
     })
     .await
     .expect("keep-alive comment");
-    let text = metrics(&h).await;
+    let text = h.metrics().await;
     assert!(
         text.contains("corral_connections_timed_out_total{reason=\"idle\"} "),
         "{text}"
@@ -324,7 +316,7 @@ async fn a_token_holds_at_most_its_event_streams() {
     })
     .await
     .expect("the slot is freed");
-    let text = metrics(&h).await;
+    let text = h.metrics().await;
     assert!(
         text.contains("corral_rate_limited_total{limit=\"sse_streams\",tenant=\"\"} "),
         "{text}"
@@ -454,7 +446,7 @@ async fn a_tenant_flooding_commands_gets_429_while_another_tenant_carries_on() {
         .await;
         assert_ne!(status, 429, "{body}");
     }
-    let text = metrics(&h).await;
+    let text = h.metrics().await;
     assert!(
         text.contains("corral_rate_limited_total{limit=\"commands\",tenant=\"acme\"} 9\n"),
         "{text}"

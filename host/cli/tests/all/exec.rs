@@ -11,34 +11,12 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::Mutex;
 
-fn corral(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("corral starts");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input)
-            .expect("write stdin");
-    }
-    drop(child.stdin.take());
-    child.wait_with_output().expect("corral finishes")
-}
+use crate::common::{self, report};
 
-fn report(output: &Output) -> Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON object ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+fn corral(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut command = common::corral();
+    command.args(args);
+    common::run(command, stdin)
 }
 
 fn script_file(text: &str) -> tempfile::NamedTempFile {

@@ -2,63 +2,20 @@
 //! reference, and MCP tools beside a `--catalog`. The servers come from npm through
 //! `host/mcp/tests/install-servers.sh`; these tests fail (they do not skip) without them.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn node_modules() -> PathBuf {
-    let path = repo_root().join("target/node-tools/mcp/node_modules");
-    assert!(
-        path.join("@modelcontextprotocol/server-filesystem/dist/index.js")
-            .exists(),
-        "the MCP test servers are not installed in {}: run `bash host/mcp/tests/install-servers.sh` \
-         (scripts/test does). These tests do not skip without them.",
-        path.display()
-    );
-    path
-}
-
-fn testkit_script() -> String {
-    repo_root()
-        .join("host/mcp/tests/servers/testkit.mjs")
-        .display()
-        .to_string()
-}
+use crate::common::{self, filesystem_server, node_modules, report, testkit_script};
 
 fn corral(args: &[&str], env: &[(&str, &str)], script: &str) -> Output {
-    use std::io::Write as _;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
+    let mut command = common::corral();
     command
         .arg("exec")
         .arg("-")
         .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command.spawn().expect("corral starts");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(script.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("corral finishes")
-}
-
-fn report(output: &Output) -> Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON object ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+        .envs(env.iter().copied());
+    common::run(command, Some(script.as_bytes()))
 }
 
 #[test]
@@ -71,12 +28,7 @@ fn mcp_tools_are_the_whole_catalog_and_a_script_reads_files_through_them() {
         .expect("canonical")
         .display()
         .to_string();
-    let server = format!(
-        "fs=node '{}' '{root}'",
-        node_modules()
-            .join("@modelcontextprotocol/server-filesystem/dist/index.js")
-            .display()
-    );
+    let server = format!("fs=node '{}' '{root}'", filesystem_server().display());
     let script = format!(
         "const listing = await tools.fs.list_directory({{path: {root:?}}});\n\
          const text = await tools.fs.read_text_file({{path: {root:?} + '/hello.txt'}});\n\

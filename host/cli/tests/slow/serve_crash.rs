@@ -17,13 +17,9 @@
 
 #![cfg(unix)]
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Write as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +27,8 @@ use corral_server::manifest::manifest_hash;
 use corral_server::tenancy::{DEFAULT_TENANT, session_key};
 use corral_store::{EffectStatus, SqliteStore, Store};
 use serde_json::{Value, json};
+
+use crate::common::{self, Rng, Server, logging_webhook as webhook};
 
 const OPERATOR: &str = "crash-operator-token-0001";
 const EXECUTOR: &str = "crash-executor-token-0001";
@@ -92,90 +90,14 @@ fn manifest(engine: Engine, webhook: &str) -> Value {
     }
 }
 
-/// The chat loop's webhook: appends (and syncs) each call's `tool_call_id` to `log` before it
-/// performs it (waits `ms`, 20 by default), then answers `{"n": n}`.
-fn webhook(log: PathBuf) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}/", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let Some(request) = common::read_json_request(&mut stream) else {
-                    return;
-                };
-                if let Ok(mut file) = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                {
-                    // One write per line (see `corral_server::script`): concurrent calls
-                    // must not interleave their ids and newlines.
-                    let line = format!("{}\n", request["tool_call_id"].as_str().unwrap_or("?"));
-                    let _ = file.write_all(line.as_bytes());
-                    let _ = file.sync_data();
-                }
-                let input = &request["input"][0];
-                std::thread::sleep(Duration::from_millis(input["ms"].as_u64().unwrap_or(20)));
-                common::reply_json(
-                    &mut stream,
-                    &json!({"ok": true, "output": {"n": input["n"]}}),
-                );
-            });
-        }
-    });
-    url
-}
-
-/// A small xorshift generator: reproducible from its seed, printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
 fn spawn(engine: Engine, config: &Path, log: &Path, stderr: &Path) -> Server {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
-    command.arg("serve").arg("--config").arg(config);
+    let mut command = common::serve(config);
     if engine == Engine::Script {
         command
             .env("CORRAL_SCRIPT_EFFECT_LOG", log)
             .env("CORRAL_TURN_ENGINE", "script");
     }
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(stderr)
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        )
-        .spawn()
-        .expect("spawn corral serve");
-    let base = common::listening_address(&mut child).unwrap_or_else(|| {
-        panic!(
-            "corral serve exited before listening; see {}",
-            stderr.display()
-        )
-    });
-    Server { child, base }
+    Server::spawn(command, stderr)
 }
 
 #[derive(Default)]

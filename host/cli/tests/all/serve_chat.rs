@@ -6,17 +6,17 @@
 
 #![cfg(unix)]
 
-mod common;
-
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use serde_json::{Value, json};
+
+use crate::common::{self, Server, filesystem_server};
 
 const TOKEN: &str = "e2e-operator-token-00001";
 
@@ -67,32 +67,6 @@ fn webhook(shop: Arc<Shop>) -> String {
     url
 }
 
-fn filesystem_server() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target/node-tools/mcp/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
-    assert!(
-        path.exists(),
-        "the MCP test servers are not installed: run `bash host/mcp/tests/install-servers.sh` \
-         (scripts/test does)"
-    );
-    path
-}
-
-/// The MCP test server of corral-mcp's tests (`host/mcp/tests/servers/testkit.mjs`) as an agent's
-/// `mcpServers` entry named `kit`.
-fn testkit_server() -> Value {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let modules = root.join("target/node-tools/mcp/node_modules");
-    assert!(
-        modules.join("@modelcontextprotocol/sdk").exists(),
-        "the MCP test servers are not installed: run `bash host/mcp/tests/install-servers.sh` \
-         (scripts/test does)"
-    );
-    json!({"name": "kit", "command": "node",
-           "args": [root.join("host/mcp/tests/servers/testkit.mjs").display().to_string(), "normal"],
-           "env": {"CORRAL_MCP_NODE_MODULES": modules.display().to_string()}})
-}
-
 fn manifest(shop_url: &str, folder: &Path) -> Value {
     let root = folder.display().to_string();
     let code = format!(
@@ -119,84 +93,13 @@ fn manifest(shop_url: &str, folder: &Path) -> Value {
     })
 }
 
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(config: &Path, stderr: &Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(stderr)
-                    .map(Stdio::from)
-                    .expect("stderr file"),
-            )
-            .spawn()
-            .expect("corral serve starts");
-        let base = common::listening_address(&mut child).unwrap_or_else(|| {
-            panic!(
-                "corral serve exited before listening: {}",
-                std::fs::read_to_string(stderr).unwrap_or_default()
-            )
-        });
-        Server { child, base }
-    }
-
-    fn kill9(mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn call(
     base: &str,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    call_as(TOKEN, base, method, path, body).await
-}
-
-async fn call_as(
-    token: &str,
-    base: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let client = reqwest::Client::new();
-    let mut request = client
-        .request(method, format!("{base}{path}"))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(10));
-    if let Some(body) = body {
-        request = request
-            .header("content-type", "application/json")
-            .body(body.to_string());
-    }
-    let response = request.send().await.expect("request");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    common::call(TOKEN, base, method, path, body).await
 }
 
 async fn ok(base: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -280,7 +183,7 @@ async fn a_paused_turn_survives_sigkill_and_resumes_without_running_a_call_twice
     let put = reqwest::Method::PUT;
     let post = reqwest::Method::POST;
 
-    let server = Server::start(&config, &stderr);
+    let mut server = Server::start(&config, &stderr);
     let base = server.base.clone();
     ok(
         &base,
@@ -482,7 +385,7 @@ async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect
     .await;
     let mut turns = Vec::new();
     for (token, tenant, owner) in [(ACME, "acme", "ada"), (GLOBEX, "globex", "grace")] {
-        let (status, body) = call_as(
+        let (status, body) = common::call(
             token,
             &base,
             reqwest::Method::PUT,
@@ -491,7 +394,7 @@ async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect
         )
         .await;
         assert_eq!(status, 200, "{body}");
-        let (status, accepted) = call_as(
+        let (status, accepted) = common::call(
             token,
             &base,
             reqwest::Method::POST,
@@ -504,7 +407,7 @@ async fn every_webhook_call_carries_the_sessions_tenant_id_owner_turn_and_effect
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let (_, view) =
-                call_as(token, &base, reqwest::Method::GET, "/v1/sessions/dup", None).await;
+                common::call(token, &base, reqwest::Method::GET, "/v1/sessions/dup", None).await;
             if view["status"] == "completed" {
                 break;
             }
@@ -768,7 +671,7 @@ async fn segments_reuse_the_agents_binding_until_its_tool_list_changes() {
             {"text": "added"},
             stats, {"text": "three"}
         ]},
-        "mcpServers": [testkit_server()]
+        "mcpServers": [common::testkit_server(&["normal"])]
     });
     ok(
         &base,
@@ -837,8 +740,9 @@ async fn segments_reuse_the_agents_binding_until_its_tool_list_changes() {
 
 /// What the model sees under `corral serve`: an agent whose manifest sets `discoveryTokens: 0`
 /// gets the discovery form of `run_js`, its script finds the webhook tool with `$search` and
-/// calls it, and a later script that names a tool that does not exist is stopped by pre-flight
-/// before its first call reaches the webhook.
+/// calls it, a later script that names a tool that does not exist is stopped by pre-flight
+/// before its first call reaches the webhook, and (`resultTokens: 300`) a large result reaches
+/// the model cut while the next script reads it whole with `tools.$result`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_finds_its_tool_by_search_and_a_mistyped_call_never_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -859,13 +763,19 @@ async fn an_agent_finds_its_tool_by_search_and_a_mistyped_call_never_runs() {
     let find = "const [hit] = await tools.$search({query: 'write a note', limit: 1});\n\
                 return {id: hit.id, done: await tools[hit.id]({text: 'found'})};";
     let typo = "await tools.shop.note({text: 'first'});\nreturn await tools.shop.notes.list({});";
+    let rows = "return Array.from({length: 5000}, (_, i) => ({id: i, name: `row ${i}`}));";
+    let pick = "const rows = await tools.$result({id: 's2t0'});\n\
+                return {count: rows.length, last: rows[rows.length - 1].id};";
     let manifest = json!({
         "id": "finder",
         "autoConfirm": true,
         "discoveryTokens": 0,
+        "resultTokens": 300,
         "model": {"provider": "scripted", "replies": [
             {"toolCalls": [{"name": "run_js", "arguments": {"code": find}}]},
             {"toolCalls": [{"name": "run_js", "arguments": {"code": typo}}]},
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": rows}}]},
+            {"toolCalls": [{"name": "run_js", "arguments": {"code": pick}}]},
             {"text": "Done."}
         ]},
         "capabilities": [
@@ -911,7 +821,7 @@ async fn an_agent_finds_its_tool_by_search_and_a_mistyped_call_never_runs() {
         .filter(|e| e["type"] == "tool.finished" && e["data"]["name"] == "run_js")
         .map(|e| e["data"]["result"].clone())
         .collect();
-    assert_eq!(results.len(), 2, "{items}");
+    assert_eq!(results.len(), 4, "{items}");
     assert_eq!(
         results[0]["value"],
         json!({"id": "shop.note", "done": {"done": true}}),
@@ -926,6 +836,23 @@ async fn an_agent_finds_its_tool_by_search_and_a_mistyped_call_never_runs() {
     assert_eq!(
         results[1]["error"]["unknown"][0]["path"],
         "tools.shop.notes.list"
+    );
+    // Results that fit: the 5,000 rows reached the model cut to the manifest's budget (the
+    // event carries the cut form and the whole size), and the next script read them whole.
+    let cut = &items["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|e| e["type"] == "tool.finished" && e["data"]["name"] == "run_js")
+        .nth(2)
+        .expect("the rows' result")["data"];
+    assert!(cut["wholeBytes"].as_u64() > Some(100_000), "{cut}");
+    assert!(cut["result"].to_string().len() <= 300 * 4 + 200, "{cut}");
+    assert_eq!(
+        results[3]["value"],
+        json!({"count": 5000, "last": 4999}),
+        "{}",
+        results[3]
     );
     // One webhook call: the found note. The second script's first call never ran.
     let seen = seen.lock().expect("calls").clone();

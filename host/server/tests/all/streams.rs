@@ -1,11 +1,9 @@
 //! Event streams (SSE), shutdown and recovery, over real sockets.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use corral_store::{BeginEffect, EffectKind, EffectStatus, NewEffect, SqliteStore, Store};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -311,8 +309,20 @@ async fn shutdown_aborts_turns_releases_the_store_and_a_restart_resumes_them() {
         "shutdown took {:?}",
         started.elapsed()
     );
-    // The store was closed: another owner may open it, and sees the turn still to run.
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).expect("the store was released"));
+    // The store was closed: another owner may open it, and sees the turn still to run. (Closed
+    // once the last holder lets go: a blocking store call of the aborted turn, or a child process
+    // another test of this binary spawns at that moment (it holds the lock's descriptor until
+    // its exec), may hold it a little longer than `run`.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let store: Arc<dyn Store> = loop {
+        match SqliteStore::open(&path) {
+            Ok(store) => break Arc::new(store),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the store was not released: {error}"),
+        }
+    };
     // Stored under its tenant-qualified key (see corral_server::tenancy).
     let session = store.get_session("default/s1").await.expect("session");
     assert_eq!(session.status.as_str(), "running");

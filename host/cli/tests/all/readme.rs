@@ -5,14 +5,10 @@
 
 #![cfg(unix)]
 
-mod common;
+use std::path::Path;
+use std::process::Command;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use crate::common::{self, Server, repo_root as root};
 
 /// The quick start's commands: the `$ ` lines of the console block that sets `H` and `B`.
 fn quick_start() -> Vec<String> {
@@ -30,30 +26,13 @@ fn quick_start() -> Vec<String> {
         .collect()
 }
 
-fn demo(folder: &Path, stderr: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+fn demo(folder: &Path, stderr: &Path) -> Server {
+    let mut command = common::corral();
+    command
         .args(["serve", "--demo", "--listen", "127.0.0.1:0", "--demo-dir"])
         .arg(folder)
-        .current_dir(root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(stderr)
-                .map(Stdio::from)
-                .expect("stderr file"),
-        )
-        .spawn()
-        .expect("corral serve --demo starts");
-    let base = common::listening_address(&mut child).unwrap_or_else(|| {
-        panic!(
-            "corral serve --demo exited: {}",
-            std::fs::read_to_string(stderr).unwrap_or_default()
-        )
-    });
-    (child, base)
+        .current_dir(root());
+    Server::spawn(command, stderr)
 }
 
 /// Runs `lines` in one bash, after substituting the demo's folder and address; returns stdout.
@@ -110,19 +89,18 @@ fn the_readme_quick_start_runs_as_written_across_a_kill_9() {
     let dir = tempfile::tempdir().expect("tempdir");
     let folder = dir.path().join("corral-demo");
     let stderr = dir.path().join("serve.stderr");
-    let (mut first, base) = demo(&folder, &stderr);
-    let out = run(&commands[..=message], &folder, &base);
+    let mut first = demo(&folder, &stderr);
+    let out = run(&commands[..=message], &folder, &first.base);
     assert!(out.contains("\"status\":\"idle\""), "{out}");
     assert!(out.contains("\"status\":\"accepted\""), "{out}");
     run(
         &[commands[setup].clone(), wait_for("paused")],
         &folder,
-        &base,
+        &first.base,
     );
     // kill -9, and start again on the same folder: same token, same session.
-    let _ = first.kill();
-    let _ = first.wait();
-    let (mut second, base) = demo(&folder, &stderr);
+    first.kill9();
+    let second = demo(&folder, &stderr);
     let mut rest = vec![commands[setup].clone(), wait_for("paused")];
     rest.extend(commands[view..approve + 1].iter().cloned());
     rest.push(wait_for("completed"));
@@ -133,7 +111,7 @@ fn the_readme_quick_start_runs_as_written_across_a_kill_9() {
         .unwrap_or_default()
         .trim();
     rest.push(format!("timeout 5 {stream_command} || true"));
-    let out = run(&rest, &folder, &base);
+    let out = run(&rest, &folder, &second.base);
     assert!(out.contains("\"status\":\"paused\""), "{out}");
     assert!(out.contains("event: command.approve"), "{out}");
     assert!(out.contains("\"decidedBy\":\"demo\""), "{out}");
@@ -142,6 +120,4 @@ fn the_readme_quick_start_runs_as_written_across_a_kill_9() {
         out.contains("Both sleeps ran at once; the echo said hello."),
         "{out}"
     );
-    let _ = second.kill();
-    let _ = second.wait();
 }

@@ -14,8 +14,6 @@
 
 #![cfg(unix)]
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -25,6 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use crate::common::{self, Server, free_port};
 
 const TOKEN: &str = "trace-operator-token-0001";
 /// The trace the test's own client is in when it sends the message.
@@ -87,13 +87,6 @@ fn webhook(seen: Arc<Mutex<Vec<Seen>>>, in_flight: mpsc::Sender<()>) -> String {
         }
     });
     url
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// Phoenix on free ports in a working folder of its own, stopped when dropped.
@@ -210,22 +203,11 @@ impl Phoenix {
     }
 }
 
-struct Server {
-    child: Child,
-    base: String,
-}
-
 impl Server {
-    fn start(config: &Path, stderr: &Path) -> Server {
-        Server::start_with(config, stderr, &[])
-    }
-
-    /// A server with the variables `env` besides the test's tracing defaults.
-    fn start_with(config: &Path, stderr: &Path, env: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
+    /// A `corral serve` with the variables `env` besides the test's tracing defaults.
+    fn traced(config: &Path, stderr: &Path, env: &[(&str, &str)]) -> Server {
+        let mut command = common::serve(config);
+        command
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .env_remove("OTEL_SDK_DISABLED")
@@ -233,26 +215,8 @@ impl Server {
             .env_remove("OTEL_SERVICE_NAME")
             .env_remove("CORRAL_TRACE_CONTENT")
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(stderr)
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            )
-            .spawn()
-            .expect("spawn corral serve");
-        let base = common::listening_address(&mut child).unwrap_or_else(|| {
-            panic!(
-                "corral serve exited before listening; see {}",
-                stderr.display()
-            )
-        });
-        Server { child, base }
+            .envs(env.iter().copied());
+        Server::spawn(command, stderr)
     }
 }
 
@@ -390,7 +354,7 @@ async fn scenario(dir: &Path) {
         reqwest::Method::POST,
     );
 
-    let mut server = Server::start(&config, &stderr);
+    let mut server = Server::traced(&config, &stderr, &[]);
     let base = server.base.clone();
     call(
         &base,
@@ -438,7 +402,7 @@ async fn scenario(dir: &Path) {
     first_call_journaled(&phoenix, &seen).await;
     server.child.kill().expect("SIGKILL");
     let _ = server.child.wait();
-    let mut server = Server::start(&config, &stderr);
+    let mut server = Server::traced(&config, &stderr, &[]);
     let base = server.base.clone();
     let uncertain = wait_status(&base, "s1", "uncertain").await;
     let effects = uncertain["uncertainEffects"]
@@ -733,13 +697,6 @@ fn check(spans: &[Value], ones: &[&Seen], twos: &[&Seen]) {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// An operator's token (an application token of no tenant), for `/metrics`.
 const OPERATOR: &str = "trace-operator-metrics-0001";
 
@@ -810,7 +767,7 @@ fn spans_an_unreachable_collector_refuses_are_counted() {
     // A port nobody listens on: connections are refused.
     let closed = free_port();
     let config = metrics_config(dir.path(), &format!("http://127.0.0.1:{closed}"));
-    let server = Server::start_with(
+    let server = Server::traced(
         &config,
         &dir.path().join("serve.stderr"),
         &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
@@ -851,7 +808,7 @@ fn spans_past_a_full_export_queue_are_dropped_and_counted() {
         }
     });
     let config = metrics_config(dir.path(), &endpoint);
-    let server = Server::start_with(
+    let server = Server::traced(
         &config,
         &dir.path().join("serve.stderr"),
         &[
@@ -933,17 +890,9 @@ fn answering_webhook(seen: Arc<Mutex<Vec<Seen>>>) -> String {
 /// The MCP test server (`host/mcp/tests/servers/testkit.mjs`) as a declaration named `kit`
 /// whose `API_TOKEN` is the secret `KIT_TOKEN`.
 fn testkit_server() -> Value {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let modules = root.join("target/node-tools/mcp/node_modules");
-    assert!(
-        modules.join("@modelcontextprotocol/sdk").exists(),
-        "the MCP test servers are not installed: run `bash host/mcp/tests/install-servers.sh` \
-         (scripts/test does)"
-    );
-    json!({"name": "kit", "command": "node",
-           "args": [root.join("host/mcp/tests/servers/testkit.mjs").display().to_string()],
-           "env": {"CORRAL_MCP_NODE_MODULES": modules.display().to_string(),
-                   "API_TOKEN": {"secretRef": "KIT_TOKEN"}}})
+    let mut server = common::testkit_server(&[]);
+    server["env"]["API_TOKEN"] = json!({"secretRef": "KIT_TOKEN"});
+    server
 }
 
 /// The secret an MCP server is given; redaction must keep it out of every span.
@@ -1302,7 +1251,7 @@ captureContent = true
         ),
     )
     .expect("config");
-    let server = Server::start_with(
+    let server = Server::traced(
         &config,
         &dir.join("serve.stderr"),
         &[("CORRAL_SECRET_KIT_TOKEN", KIT_SECRET)],

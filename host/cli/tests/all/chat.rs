@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-mod common;
+use crate::common;
 
 /// The script the scripted model writes, and the model's last words.
 const SCRIPT: &str =

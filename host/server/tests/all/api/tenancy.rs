@@ -36,31 +36,6 @@ async fn open(h: &Harness, token: &str, path: &str, agent: &str) -> (u16, Value)
     .await
 }
 
-async fn say(h: &Harness, token: &str, session: &str, content: &str) -> Value {
-    let (status, body) = h
-        .command(
-            session,
-            token,
-            json!({"type": "message", "idempotencyKey": format!("m-{content}"), "content": content}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-async fn view_as(h: &Harness, token: &str, session: &str, status: &str) -> Value {
-    for _ in 0..400 {
-        let view = h
-            .ok("GET", &format!("/v1/sessions/{session}"), token, None)
-            .await;
-        if view["status"] == status {
-            return view;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    panic!("{session} never became {status}");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn agents_are_seen_and_used_only_by_their_tenants() {
     let h = Harness::start().await;
@@ -153,8 +128,8 @@ async fn actions_carry_their_tenant_and_a_tenant_executor_sees_only_its_tenants(
     // Two tenants, each with a session `dup` waiting on an action.
     for token in [ACME, BETA] {
         h.session("dup", token).await;
-        say(&h, token, "dup", "action").await;
-        view_as(&h, token, "dup", "waiting").await;
+        h.say("dup", token, "m-action", "action").await;
+        h.wait_status_as("dup", token, "waiting").await;
     }
     let tenants_of = |list: Value| -> Vec<(String, String)> {
         let mut pairs: Vec<(String, String)> = list["actions"]
@@ -244,7 +219,7 @@ async fn actions_carry_their_tenant_and_a_tenant_executor_sees_only_its_tenants(
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    view_as(&h, ACME, "dup", "completed").await;
+    h.wait_status_as("dup", ACME, "completed").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -268,11 +243,11 @@ async fn resolve_is_an_operators_act_unless_granted_and_decisions_name_their_tok
     assert_error(status, &body, 404, "not_found");
 
     // Approve under the configured name, in the event and in the session view.
-    let turn = say(&h, GAMMA, "s1", "pause").await["turnId"]
+    let turn = h.say("s1", GAMMA, "m-pause", "pause").await["turnId"]
         .as_str()
         .expect("turn")
         .to_owned();
-    let view = view_as(&h, GAMMA, "s1", "paused").await;
+    let view = h.wait_status_as("s1", GAMMA, "paused").await;
     assert_eq!(view["lastDecision"], Value::Null);
     let (status, body) = h
         .command(
@@ -282,7 +257,7 @@ async fn resolve_is_an_operators_act_unless_granted_and_decisions_name_their_tok
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let view = view_as(&h, GAMMA, "s1", "completed").await;
+    let view = h.wait_status_as("s1", GAMMA, "completed").await;
     assert_eq!(
         view["lastDecision"],
         json!({"command": "approve", "interactionId": format!("{turn}:0"), "approved": true,

@@ -1,47 +1,8 @@
 //! What an operator reads from a running server, over real sockets: `/metrics` labelled by
 //! tenant and agent, with gauges of the sessions waiting on someone, counted in the store.
 
-mod common;
-
-use std::time::Duration;
-
-use common::{ACME, BETA, Harness, OPERATOR};
+use crate::common::{ACME, BETA, Harness};
 use serde_json::json;
-
-async fn metrics(h: &Harness) -> String {
-    let (status, text) = h.request("GET", "/metrics", Some(OPERATOR), None).await;
-    assert_eq!(status, 200, "{text}");
-    text
-}
-
-async fn wait_tenant_status(h: &Harness, id: &str, token: &str, status: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let view = h
-            .ok("GET", &format!("/v1/sessions/{id}"), token, None)
-            .await;
-        if view["status"] == status {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{id} never {status}: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn say(h: &Harness, id: &str, token: &str, key: &str, content: &str) -> serde_json::Value {
-    let (status, body) = h
-        .command(
-            id,
-            token,
-            json!({"type": "message", "idempotencyKey": key, "content": content}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_are_labelled_by_tenant_and_agent_and_gauge_waiting_sessions() {
@@ -51,13 +12,13 @@ async fn metrics_are_labelled_by_tenant_and_agent_and_gauge_waiting_sessions() {
         h.session(id, ACME).await;
     }
     h.session("b1", BETA).await;
-    say(&h, "a1", ACME, "k1", "pause").await;
-    say(&h, "a2", ACME, "k1", "pause").await;
-    say(&h, "b1", BETA, "k1", "action").await;
-    wait_tenant_status(&h, "a1", ACME, "paused").await;
-    wait_tenant_status(&h, "a2", ACME, "paused").await;
-    wait_tenant_status(&h, "b1", BETA, "waiting").await;
-    let text = metrics(&h).await;
+    h.say("a1", ACME, "k1", "pause").await;
+    h.say("a2", ACME, "k1", "pause").await;
+    h.say("b1", BETA, "k1", "action").await;
+    h.wait_status_as("a1", ACME, "paused").await;
+    h.wait_status_as("a2", ACME, "paused").await;
+    h.wait_status_as("b1", BETA, "waiting").await;
+    let text = h.metrics().await;
     for line in [
         "# TYPE corral_sessions gauge",
         "corral_sessions{tenant=\"acme\",agent=\"helper\",status=\"paused\"} 2\n",
@@ -91,8 +52,8 @@ async fn metrics_are_labelled_by_tenant_and_agent_and_gauge_waiting_sessions() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    wait_tenant_status(&h, "a1", ACME, "completed").await;
-    let text = metrics(&h).await;
+    h.wait_status_as("a1", ACME, "completed").await;
+    let text = h.metrics().await;
     for line in [
         "corral_sessions{tenant=\"acme\",agent=\"helper\",status=\"paused\"} 1\n",
         "corral_commands_total{tenant=\"acme\",type=\"approve\"} 1\n",

@@ -77,7 +77,7 @@ pub struct Options {
     pub lease: Duration,
     pub send_timeout: Duration,
     pub keep_alive: Duration,
-    /// The `[limits]` table (host/server/tests/limits.rs).
+    /// The `[limits]` table (limits.rs in this binary).
     pub limits: corral_server::limits::Limits,
     /// `shutdownGraceMs`, when not the default.
     pub shutdown_grace: Option<Duration>,
@@ -267,15 +267,27 @@ impl Harness {
     }
 
     pub async fn message(&self, id: &str, key: &str, content: &str) -> Value {
+        self.say(id, OPERATOR, key, content).await
+    }
+
+    /// Sends a message to session `id` with `token`, asserting that it is accepted.
+    pub async fn say(&self, id: &str, token: &str, key: &str, content: &str) -> Value {
         let (status, body) = self
             .command(
                 id,
-                OPERATOR,
+                token,
                 json!({"type": "message", "idempotencyKey": key, "content": content}),
             )
             .await;
         assert_eq!(status, 200, "{body}");
         body
+    }
+
+    /// `/metrics`, read with the operator's token.
+    pub async fn metrics(&self) -> String {
+        let (status, text) = self.request("GET", "/metrics", Some(OPERATOR), None).await;
+        assert_eq!(status, 200, "{text}");
+        text
     }
 
     pub async fn view(&self, id: &str) -> Value {
@@ -284,9 +296,16 @@ impl Harness {
     }
 
     pub async fn wait_status(&self, id: &str, status: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_status_as(id, OPERATOR, status).await
+    }
+
+    /// The view of session `id`, read with `token`, once its status is `status`.
+    pub async fn wait_status_as(&self, id: &str, token: &str, status: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let view = self.view(id).await;
+            let view = self
+                .ok("GET", &format!("/v1/sessions/{id}"), token, None)
+                .await;
             if view["status"] == status {
                 return view;
             }

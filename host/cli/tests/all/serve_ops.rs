@@ -2,8 +2,6 @@
 //! file is bad), JSON logs with the request id, no colour codes off a terminal, and one
 //! log-level variable (`CORRAL_LOG`, falling back to `RUST_LOG`) for `serve` and `exec`.
 
-mod common;
-
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -13,15 +11,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::common::{self, node_modules, testkit_script};
+
 const OLD: &str = "operator-token-old-000001";
 const NEW: &str = "operator-token-new-000001";
 
 /// A bound only a broken process reaches.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn write_config(path: &Path, store: &Path, token: &str) {
     std::fs::write(
@@ -282,17 +278,8 @@ fn config_copy(dir: &tempfile::TempDir, config: &Path) -> PathBuf {
 
 /// `corral exec` with the test MCP server and `env`: its stderr.
 fn exec_stderr(env: &[(&str, &str)]) -> String {
-    let server = format!(
-        "kit=node {}",
-        repo_root()
-            .join("host/mcp/tests/servers/testkit.mjs")
-            .display()
-    );
-    let modules = repo_root().join("target/node-tools/mcp/node_modules");
-    assert!(
-        modules.exists(),
-        "run `bash host/mcp/tests/install-servers.sh` (scripts/test does)"
-    );
+    let server = format!("kit=node {}", testkit_script());
+    let modules = node_modules();
     let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
         .args(["exec", "-", "--mcp", &server])
         .env_remove("CORRAL_LOG")

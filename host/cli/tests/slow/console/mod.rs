@@ -11,8 +11,6 @@
 
 #![cfg(unix)]
 
-mod common;
-#[path = "console/webdriver.rs"]
 mod webdriver;
 
 use std::io::{BufRead as _, BufReader};
@@ -26,6 +24,8 @@ use std::time::{Duration, Instant};
 use corral_store::PostgresHost;
 use corral_store::testing::PgServer;
 use serde_json::{Value, json};
+
+use crate::common::{self, Server, call, free_port};
 
 const OPERATOR: &str = "console-operator-token-0001";
 const ACME: &str = "console-acme-tenant-token-01";
@@ -61,13 +61,6 @@ fn axe_source() -> String {
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// The embedded store's URL, in `folder`.
 fn embedded(folder: &Path) -> String {
     format!("sqlite:{}", folder.join("corral.db").display())
@@ -88,20 +81,14 @@ async fn postgres(database: &str) -> (PgServer, String) {
     (pg, format!("postgres://{user}@{host}:{port}/{database}"))
 }
 
-/// A `corral serve --config` child on a store in `folder`.
-struct Server {
-    child: Child,
-    base: String,
-}
-
 impl Server {
-    /// On the embedded store, in `folder`.
-    fn start(folder: &Path, listen: &str) -> Server {
-        Server::start_on(folder, listen, &embedded(folder))
+    /// A `corral serve --config` child on the embedded store, in `folder`.
+    fn console(folder: &Path, listen: &str) -> Server {
+        Server::console_on(folder, listen, &embedded(folder))
     }
 
     /// On `store` (a `store =` URL), with its configuration and log in `folder`.
-    fn start_on(folder: &Path, listen: &str, store: &str) -> Server {
+    fn console_on(folder: &Path, listen: &str, store: &str) -> Server {
         let config = folder.join("serve.toml");
         std::fs::write(
             &config,
@@ -113,41 +100,7 @@ impl Server {
             ),
         )
         .expect("config");
-        let stderr = folder.join("serve.stderr");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&stderr)
-                    .map(Stdio::from)
-                    .expect("stderr file"),
-            )
-            .spawn()
-            .expect("corral serve starts");
-        let base = common::listening_address(&mut child).unwrap_or_else(|| {
-            panic!(
-                "corral serve exited before listening: {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            )
-        });
-        Server { child, base }
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
+        Server::start(&config, &folder.join("serve.stderr"))
     }
 }
 
@@ -388,31 +341,6 @@ impl Drop for Browser {
     }
 }
 
-async fn call(
-    token: &str,
-    base: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .request(method, format!("{base}{path}"))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(10));
-    if let Some(body) = body {
-        request = request
-            .header("content-type", "application/json")
-            .body(body.to_string());
-    }
-    let response = request.send().await.expect("request");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("body");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
 async fn ok(token: &str, base: &str, method: reqwest::Method, path: &str, body: Value) -> Value {
     let body = (method != reqwest::Method::GET).then_some(body);
     let (status, answer) = call(token, base, method, path, body).await;
@@ -510,7 +438,7 @@ async fn console_approves_rejects_and_keeps_tenants_apart_on_postgres() {
 /// Signs in, watches a session live, approves by mouse and by keyboard, rejects, checks the
 /// tenant boundary and the operator's pages, on `store`; screenshots go to `shots`.
 async fn approve_reject_and_tenants(folder: &Path, store: &str, shots: &str) {
-    let server = Server::start_on(folder, "127.0.0.1:0", store);
+    let server = Server::console_on(folder, "127.0.0.1:0", store);
     let base = server.base.clone();
     register(&base, demo_manifest()).await;
     create_session(&base, ACME, "s1", "demo", "ada").await;
@@ -773,7 +701,7 @@ async fn approve_reject_and_tenants(folder: &Path, store: &str, shots: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_shows_what_scripts_users_and_models_wrote_as_text() {
     let folder = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let server = Server::console(folder.path(), "127.0.0.1:0");
     let base = server.base.clone();
     register(
         &base,
@@ -861,7 +789,7 @@ async fn console_shows_what_scripts_users_and_models_wrote_as_text() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_pages_and_filters_sessions_through_the_api() {
     let folder = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let server = Server::console(folder.path(), "127.0.0.1:0");
     let base = server.base.clone();
     register(&base, demo_manifest()).await;
     for n in 0..55 {
@@ -985,7 +913,7 @@ fn grouped(n: usize) -> String {
 async fn console_opens_a_session_of_30000_events() {
     const TURNS: usize = 30;
     let folder = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let server = Server::console(folder.path(), "127.0.0.1:0");
     let base = server.base.clone();
     let words = vec!["word"; 1000].join(" ");
     let replies: Vec<Value> = (0..TURNS)
@@ -1061,7 +989,7 @@ async fn console_opens_a_session_of_30000_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_responses_carry_the_security_headers() {
     let folder = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(folder.path(), "127.0.0.1:0");
+    let server = Server::console(folder.path(), "127.0.0.1:0");
     for (path, content_type) in [
         ("/console", "text/html; charset=utf-8"),
         ("/console/", "text/html; charset=utf-8"),
@@ -1165,7 +1093,7 @@ async fn resolve_after_sigkill(folder: &Path, store: &str, shots: &str) {
         });
     }
     let listen = format!("127.0.0.1:{}", free_port());
-    let mut server = Server::start_on(folder, &listen, store);
+    let mut server = Server::console_on(folder, &listen, store);
     let base = server.base.clone();
     register(
         &base,
@@ -1191,7 +1119,7 @@ async fn resolve_after_sigkill(folder: &Path, store: &str, shots: &str) {
     }
     server.kill9();
     drop(server);
-    let server = Server::start_on(folder, &listen, store);
+    let server = Server::console_on(folder, &listen, store);
     let base = server.base.clone();
     let deadline = Instant::now() + PATIENCE;
     loop {
