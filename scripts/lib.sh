@@ -92,7 +92,9 @@ const fs = require("fs");
 const features = (path) => {
   const units = new Map();
   for (const u of JSON.parse(fs.readFileSync(path, "utf8")).units) {
-    const key = `${u.pkg_id} ${u.target.name} ${u.mode} ${u.platform ?? ""}`;
+    // The profile's opt-level tells a crate built for a build script or proc macro (opt-level 0
+    // under build-override) from the same crate built into a test (opt-level 3): two units.
+    const key = `${u.pkg_id} ${u.target.name} ${u.mode} ${u.platform ?? ""} O${u.profile.opt_level}`;
     units.set(key, [...(units.get(key) ?? []), u.features.join(",")].sort());
   }
   return units;
