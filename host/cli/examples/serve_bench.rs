@@ -18,12 +18,9 @@
 //!
 //! `serve_bench --quick` uses small counts (the suite's smoke run).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
 use eventsource_stream::Eventsource as _;
 use futures::StreamExt as _;
 use serde_json::{Value, json};
@@ -31,6 +28,9 @@ use serde_json::{Value, json};
 // The binary's tests' helpers: reading the address a child `corral serve` prints.
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
+
+use support::Server;
 
 const TOKEN: &str = "bench-operator-token-0001";
 
@@ -66,92 +66,21 @@ const QUICK: Counts = Counts {
     deliveries: 2,
 };
 
-/// A running `corral serve`.
-struct Server {
-    child: Child,
-    base: String,
-    client: reqwest::Client,
-    _folder: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn corral_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let release = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("no release folder")?;
-    let binary = release.join("corral");
-    if !binary.is_file() {
-        bail!("{} is not built", binary.display());
-    }
-    Ok(binary)
-}
-
 impl Server {
     /// A server whose per-client limits (connections, streams per token, commands per tenant)
     /// are far above what the benchmark sends from its one token: it measures the server's
     /// capacity, not the limits that protect it.
-    fn start(store: &str) -> anyhow::Result<Server> {
-        let folder = tempfile::tempdir()?;
-        let store = store.replace("{folder}", &folder.path().display().to_string());
-        let config = folder.path().join("serve.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\nstore = \"{store}\"\nleaseMs = 30000\n\
-                 [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
-                 [limits]\nmaxConnections = 4000\nsseStreamsPerToken = 4000\n\
-                 commandsPerSecond = 1000000\ncommandBurst = 1000000\n"
-            ),
-        )?;
-        let mut child = Command::new(corral_binary()?)
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let base = common::listening_address(&mut child)
-            .context("corral serve exited before listening")?;
+    fn start_on(store: &str) -> anyhow::Result<Server> {
+        let config = format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"{store}\"\nleaseMs = 30000\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
+             [limits]\nmaxConnections = 4000\nsseStreamsPerToken = 4000\n\
+             commandsPerSecond = 1000000\ncommandBurst = 1000000\n"
+        );
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(512)
             .build()?;
-        Ok(Server {
-            child,
-            base,
-            client,
-            _folder: folder,
-        })
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TOKEN);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        match request.send().await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let body: Value = response.json().await.unwrap_or(Value::Null);
-                if status != 200 {
-                    panic!("{path}: {status} {body}");
-                }
-                body
-            }
-            Err(error) => panic!("{path}: {error}"),
-        }
+        Server::start(&config, TOKEN, client, &[])
     }
 
     async fn agent(&self, manifest: Value) {
@@ -472,7 +401,7 @@ async fn streams(server: &Arc<Server>, counts: Counts) -> Value {
 }
 
 async fn measure(store_name: &str, store: &str, counts: Counts) -> anyhow::Result<Value> {
-    let server = Arc::new(Server::start(store)?);
+    let server = Arc::new(Server::start_on(store)?);
     server.agent(talk_agent()).await;
     server.agent(approval_agent()).await;
     let ack = acknowledgements(&server, counts).await;

@@ -13,13 +13,10 @@
 //!
 //! `trace_bench --quick` runs a handful of turns (the suite's smoke run).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
 use eventsource_stream::Eventsource as _;
 use futures::StreamExt as _;
 use serde_json::{Value, json};
@@ -28,98 +25,33 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 // The binary's tests' helpers: reading the address a child `corral serve` prints.
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
+
+use support::Server;
 
 /// An operator's token (an application token of no tenant: `/metrics` too).
 const TOKEN: &str = "bench-trace-token-0001";
 
-/// A running `corral serve`.
-struct Server {
-    child: Child,
-    base: String,
-    client: reqwest::Client,
-    _folder: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn corral_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let release = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("no release folder")?;
-    let binary = release.join("corral");
-    if !binary.is_file() {
-        bail!("{} is not built", binary.display());
-    }
-    Ok(binary)
-}
-
 impl Server {
     /// A server exporting its spans to `endpoint`, or with tracing off.
-    fn start(endpoint: Option<&str>) -> anyhow::Result<Server> {
-        let folder = tempfile::tempdir()?;
-        let config = folder.path().join("serve.toml");
+    fn start_tracing(endpoint: Option<&str>) -> anyhow::Result<Server> {
         let tracing = endpoint
             .map(|e| format!("[tracing]\nendpoint = \"{e}\"\n"))
             .unwrap_or_default();
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{}/corral.db\"\n\
-                 [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
-                 [limits]\ncommandsPerSecond = 1000000\ncommandBurst = 1000000\n{tracing}",
-                folder.path().display()
-            ),
-        )?;
-        let mut command = Command::new(corral_binary()?);
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for var in [
+        let config = format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite:{{folder}}/corral.db\"\n\
+             [[tokens]]\ntoken = \"{TOKEN}\"\nrole = \"application\"\n\
+             [limits]\ncommandsPerSecond = 1000000\ncommandBurst = 1000000\n{tracing}"
+        );
+        let clear = [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "OTEL_SDK_DISABLED",
             "OTEL_TRACES_EXPORTER",
             "OTEL_BSP_SCHEDULE_DELAY",
             "CORRAL_TRACE_CONTENT",
-        ] {
-            command.env_remove(var);
-        }
-        let mut child = command.spawn()?;
-        let base = common::listening_address(&mut child)
-            .context("corral serve exited before listening")?;
-        Ok(Server {
-            child,
-            base,
-            client: reqwest::Client::new(),
-            _folder: folder,
-        })
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TOKEN);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.expect("request");
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        assert_eq!(status, 200, "{path}: {body}");
-        body
+        ];
+        Server::start(&config, TOKEN, reqwest::Client::new(), &clear)
     }
 
     /// CPU time the server process has used (user and system, all its threads, the exporter's
@@ -285,8 +217,8 @@ async fn main() -> anyhow::Result<()> {
     let (warmup, turns) = if quick { (2, 10) } else { (20, 300) };
     let received = Arc::new(Received::default());
     let endpoint = sink(Arc::clone(&received)).await?;
-    let off = Server::start(None)?;
-    let on = Server::start(Some(&endpoint))?;
+    let off = Server::start_tracing(None)?;
+    let on = Server::start_tracing(Some(&endpoint))?;
     for server in [&off, &on] {
         server
             .call(
