@@ -77,18 +77,15 @@ fn collect(
 }
 
 impl Chat {
-    fn start(dir: &Path, backend_url: &str) -> Chat {
+    /// `corral chat` on `dir`'s scripted replies and store, with `args` after those.
+    fn spawn<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Chat {
         let child = Command::new(env!("CARGO_BIN_EXE_corral"))
             .arg("chat")
             .arg("--model")
             .arg(format!("scripted:{}", dir.join("replies.json").display()))
-            .arg("--catalog")
-            .arg(dir.join("catalog.json"))
-            .arg("--backend-url")
-            .arg(backend_url)
             .arg("--store")
             .arg(dir.join("chat.db"))
-            .args(["--session", "s1"])
+            .args(args)
             .current_dir(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -96,6 +93,20 @@ impl Chat {
             .spawn()
             .expect("corral chat starts");
         Chat::watch(child)
+    }
+
+    /// Session `s1` over `dir`'s catalog, its webhook at `backend_url`.
+    fn start(dir: &Path, backend_url: &str) -> Chat {
+        let catalog = dir.join("catalog.json");
+        let args = [
+            "--catalog".as_ref(),
+            catalog.as_os_str(),
+            "--backend-url".as_ref(),
+            backend_url.as_ref(),
+            "--session".as_ref(),
+            "s1".as_ref(),
+        ];
+        Chat::spawn(dir, &args)
     }
 
     /// Collects the stderr and stdout of a started `corral chat`.
@@ -246,23 +257,7 @@ fn a_cut_result_is_read_whole_by_the_next_script() {
         {"text": "There are 20000 rows."}
     ]);
     std::fs::write(dir.path().join("replies.json"), replies.to_string()).expect("replies");
-    let child = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .arg("chat")
-        .arg("--model")
-        .arg(format!(
-            "scripted:{}",
-            dir.path().join("replies.json").display()
-        ))
-        .arg("--store")
-        .arg(dir.path().join("chat.db"))
-        .args(["--auto-confirm", "--result-tokens", "300"])
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("corral chat starts");
-    let mut chat = Chat::watch(child);
+    let mut chat = Chat::spawn(dir.path(), &["--auto-confirm", "--result-tokens", "300"]);
     chat.wait_for("you> ", 1);
     chat.type_line("how many rows?");
     chat.wait_for("you> ", 2);
@@ -295,27 +290,17 @@ fn a_tool_found_by_search_is_called_and_a_mistyped_one_never_runs() {
         {"text": ANSWER}
     ]);
     std::fs::write(dir.path().join("replies.json"), replies.to_string()).expect("replies");
-    let child = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .arg("chat")
-        .arg("--model")
-        .arg(format!(
-            "scripted:{}",
-            dir.path().join("replies.json").display()
-        ))
-        .arg("--catalog")
-        .arg(dir.path().join("catalog.json"))
-        .arg("--backend-url")
-        .arg(&url)
-        .arg("--store")
-        .arg(dir.path().join("chat.db"))
-        .args(["--auto-confirm", "--discovery-tokens", "0"])
-        .current_dir(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("corral chat starts");
-    let mut chat = Chat::watch(child);
+    let catalog = dir.path().join("catalog.json");
+    let args = [
+        "--catalog".as_ref(),
+        catalog.as_os_str(),
+        "--backend-url".as_ref(),
+        url.as_ref(),
+        "--auto-confirm".as_ref(),
+        "--discovery-tokens".as_ref(),
+        "0".as_ref(),
+    ];
+    let mut chat = Chat::spawn(dir.path(), &args);
     chat.wait_for("you> ", 1);
     chat.type_line("cancel order A-7");
     chat.wait_for("you> ", 2);
