@@ -108,6 +108,36 @@ async fn ok(base: &str, method: reqwest::Method, path: &str, body: Option<Value>
     body
 }
 
+/// Registers `manifest` as agent `manifest.id`, version 1.
+async fn register(base: &str, manifest: &Value) {
+    let id = manifest["id"].as_str().expect("a manifest id");
+    ok(
+        base,
+        reqwest::Method::PUT,
+        &format!("/v1/agents/{id}"),
+        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
+    )
+    .await;
+}
+
+/// Opens `session` on `agent` for `owner` and sends it `content` as its first message.
+async fn open_and_send(base: &str, session: &str, agent: &str, owner: &str, content: &str) {
+    ok(
+        base,
+        reqwest::Method::PUT,
+        &format!("/v1/sessions/{session}"),
+        Some(json!({"agentId": agent, "ownerUserId": owner})),
+    )
+    .await;
+    ok(
+        base,
+        reqwest::Method::POST,
+        &format!("/v1/sessions/{session}/commands"),
+        Some(json!({"type": "message", "idempotencyKey": "m1", "content": content})),
+    )
+    .await;
+}
+
 async fn wait_status(base: &str, session: &str, status: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -185,13 +215,7 @@ async fn a_paused_turn_survives_sigkill_and_resumes_without_running_a_call_twice
 
     let mut server = Server::start(&config, &stderr);
     let base = server.base.clone();
-    ok(
-        &base,
-        put.clone(),
-        "/v1/agents/e2e",
-        Some(json!({"manifest": manifest(&shop_url, &files), "implementationVersion": "1"})),
-    )
-    .await;
+    register(&base, &manifest(&shop_url, &files)).await;
     ok(
         &base,
         put.clone(),
@@ -473,29 +497,10 @@ async fn retention_closes_and_expires_settled_sessions_and_never_a_paused_one() 
                 {"text": "Two."}
             ]}
         });
-        ok(
-            &base,
-            reqwest::Method::PUT,
-            &format!("/v1/agents/{agent}"),
-            Some(json!({"manifest": manifest, "implementationVersion": "1"})),
-        )
-        .await;
+        register(&base, &manifest).await;
     }
     for (session, agent) in [("done", "quick"), ("held", "careful")] {
-        ok(
-            &base,
-            reqwest::Method::PUT,
-            &format!("/v1/sessions/{session}"),
-            Some(json!({"agentId": agent, "ownerUserId": "ada"})),
-        )
-        .await;
-        ok(
-            &base,
-            reqwest::Method::POST,
-            &format!("/v1/sessions/{session}/commands"),
-            Some(json!({"type": "message", "idempotencyKey": "m1", "content": "1+1?"})),
-        )
-        .await;
+        open_and_send(&base, session, agent, "ada", "1+1?").await;
     }
     wait_status(&base, "held", "paused").await;
     // The completed session is left alone for longer than its 1.5 s: closed, then deleted.
@@ -583,27 +588,8 @@ async fn a_deploy_during_a_call_shorter_than_the_grace_period_leaves_nothing_unc
                           "input_schema": {"type": "object"}}]
     });
     let base = server.base.clone();
-    ok(
-        &base,
-        reqwest::Method::PUT,
-        "/v1/agents/deploy",
-        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
-    )
-    .await;
-    ok(
-        &base,
-        reqwest::Method::PUT,
-        "/v1/sessions/d1",
-        Some(json!({"agentId": "deploy", "ownerUserId": "u"})),
-    )
-    .await;
-    ok(
-        &base,
-        reqwest::Method::POST,
-        "/v1/sessions/d1/commands",
-        Some(json!({"type": "message", "idempotencyKey": "m1", "content": "go"})),
-    )
-    .await;
+    register(&base, &manifest).await;
+    open_and_send(&base, "d1", "deploy", "u", "go").await;
     // The call is in flight at the webhook: deploy (SIGTERM, then start again).
     let deadline = Instant::now() + Duration::from_secs(60);
     while *calls.lock().expect("calls") == 0 {
@@ -673,13 +659,7 @@ async fn segments_reuse_the_agents_binding_until_its_tool_list_changes() {
         ]},
         "mcpServers": [common::testkit_server(&["normal"])]
     });
-    ok(
-        &base,
-        reqwest::Method::PUT,
-        "/v1/agents/kit",
-        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
-    )
-    .await;
+    register(&base, &manifest).await;
     // The scripted model answers by its call's index in the session, so each session replays
     // the replies from the first: turns of two sessions, then the change.
     let mut lists = Vec::new();
@@ -785,27 +765,8 @@ async fn an_agent_finds_its_tool_by_search_and_a_mistyped_call_never_runs() {
              "webhookUrl": url, "input_schema": {"type": "object"}}
         ]
     });
-    ok(
-        &base,
-        reqwest::Method::PUT,
-        "/v1/agents/finder",
-        Some(json!({"manifest": manifest, "implementationVersion": "1"})),
-    )
-    .await;
-    ok(
-        &base,
-        reqwest::Method::PUT,
-        "/v1/sessions/f1",
-        Some(json!({"agentId": "finder", "ownerUserId": "ada"})),
-    )
-    .await;
-    ok(
-        &base,
-        reqwest::Method::POST,
-        "/v1/sessions/f1/commands",
-        Some(json!({"type": "message", "idempotencyKey": "m1", "content": "note it"})),
-    )
-    .await;
+    register(&base, &manifest).await;
+    open_and_send(&base, "f1", "finder", "ada", "note it").await;
     wait_status(&base, "f1", "completed").await;
     let items = ok(
         &base,
