@@ -27,9 +27,8 @@ pub struct Catalog {
     capabilities: Vec<Capability>,
     validators: Vec<Arc<InputValidator>>,
     index_by_id: HashMap<String, usize>,
-    /// Each capability's index by its JS path (parts joined with NUL), made the first time a
-    /// path is looked up.
-    index_by_path: OnceLock<HashMap<String, usize>>,
+    /// Each capability's index by its JS path, made the first time a path is looked up.
+    index_by_path: OnceLock<HashMap<Vec<String>, usize>>,
 }
 
 /// A capability's compiled input validator: compiled when the catalog is built, or for a
@@ -438,25 +437,15 @@ impl Catalog {
     }
 
     /// The capability bound at this JS path (`["github", "issues", "list"]`) and its index.
-    pub fn get_by_path<S: AsRef<str>>(&self, path: &[S]) -> Option<(usize, &Capability)> {
-        let join = |parts: &mut dyn Iterator<Item = &str>| {
-            let mut key = String::new();
-            for (i, part) in parts.enumerate() {
-                if i > 0 {
-                    key.push('\0');
-                }
-                key.push_str(part);
-            }
-            key
-        };
+    pub fn get_by_path(&self, path: &[String]) -> Option<(usize, &Capability)> {
         let index = self.index_by_path.get_or_init(|| {
             self.capabilities
                 .iter()
                 .enumerate()
-                .map(|(i, c)| (join(&mut c.js_path.iter().map(String::as_str)), i))
+                .map(|(i, c)| (c.js_path.clone(), i))
                 .collect()
         });
-        let index = *index.get(&join(&mut path.iter().map(AsRef::as_ref)))?;
+        let index = *index.get(path)?;
         Some((index, self.capabilities.get(index)?))
     }
 
