@@ -85,9 +85,10 @@ pub(crate) fn script_catalog(catalog: &Catalog) -> Result<Catalog, LoadCatalogEr
     catalog.with_capabilities(capabilities())
 }
 
-/// Whether `capability_id` is one of the runtime's functions.
-pub(crate) fn is_intrinsic(capability_id: &str) -> bool {
-    matches!(capability_id, RESULT | SEARCH | DESCRIBE)
+/// Whether `capability_id` is a runtime function answered from the journal without an entry of
+/// its own ([`answer`]): `$result`.
+pub(crate) fn is_read_from_journal(capability_id: &str) -> bool {
+    capability_id == RESULT
 }
 
 /// Whether `capability_id` is a discovery function: answered by [`discover`], through the

@@ -500,9 +500,7 @@ impl Backend for ScriptBackend {
         invocation: Invocation,
     ) -> Result<ToolResult, InvokeCapabilityError> {
         let journal = &self.journal;
-        if crate::intrinsics::is_intrinsic(&invocation.capability_id)
-            && !crate::intrinsics::is_discovery(&invocation.capability_id)
-        {
+        if crate::intrinsics::is_read_from_journal(&invocation.capability_id) {
             return crate::intrinsics::answer(
                 journal.store.as_ref(),
                 &journal.turn_id,
