@@ -156,6 +156,30 @@ pub fn testkit_server(args: &[&str]) -> Value {
            "env": {"CORRAL_MCP_NODE_MODULES": node_modules().display().to_string()}})
 }
 
+/// Checks what a [`logging_webhook`] logged: no effect was performed twice, and each performed
+/// call names one of `effect_ids` (the chat runtime gives backends the journal's effect id as
+/// the call id, so the count is per effect, not per attempt). A log never written holds nothing.
+pub fn assert_each_logged_effect_once(log: &Path, effect_ids: &std::collections::HashSet<String>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for line in text.lines() {
+        *counts.entry(line).or_default() += 1;
+    }
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "effects performed more than once: {twice:?}"
+    );
+    let strangers: Vec<_> = counts
+        .keys()
+        .filter(|id| !effect_ids.contains(**id))
+        .collect();
+    assert!(
+        strangers.is_empty(),
+        "performed calls that are no journal effect: {strangers:?}"
+    );
+}
+
 /// The crash loops' webhook: appends (and syncs) each call's `tool_call_id` to `log` before it
 /// performs it (waits `ms`, 20 by default), then answers `{"n": n}`; its URL.
 pub fn logging_webhook(log: PathBuf) -> String {

@@ -368,27 +368,7 @@ async fn check(store_path: &Path, effect_log: &Path, ledger: &Ledger, final_chec
             );
         }
     }
-    if let Ok(text) = std::fs::read_to_string(effect_log) {
-        let mut counts: HashMap<&str, usize> = HashMap::new();
-        for line in text.lines() {
-            *counts.entry(line).or_default() += 1;
-        }
-        let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(
-            twice.is_empty(),
-            "effects performed more than once: {twice:?}"
-        );
-        // Each performed call names its journal effect (the chat runtime gives backends the
-        // effect id as the call id), so the count above is per effect, not per attempt.
-        let strangers: Vec<_> = counts
-            .keys()
-            .filter(|id| !effect_ids.contains(**id))
-            .collect();
-        assert!(
-            strangers.is_empty(),
-            "performed calls that are no journal effect: {strangers:?}"
-        );
-    }
+    common::assert_each_logged_effect_once(effect_log, &effect_ids);
 }
 
 fn write_config(dir: &Path, manifest: &Value) -> PathBuf {

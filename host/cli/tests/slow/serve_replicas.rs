@@ -522,24 +522,7 @@ async fn check(config: PostgresConfig, effect_log: &Path, ledger: &Ledger) {
             "turn {turn} did not finish exactly once"
         );
     }
-    let text = std::fs::read_to_string(effect_log).unwrap_or_default();
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for line in text.lines() {
-        *counts.entry(line).or_default() += 1;
-    }
-    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "effects performed more than once: {twice:?}"
-    );
-    let strangers: Vec<_> = counts
-        .keys()
-        .filter(|id| !effect_ids.contains(**id))
-        .collect();
-    assert!(
-        strangers.is_empty(),
-        "performed calls that are no journal effect: {strangers:?}"
-    );
+    common::assert_each_logged_effect_once(effect_log, &effect_ids);
 }
 
 /// A `postgres://` URL for `config` (a TCP host, as the test server has).
