@@ -53,19 +53,24 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug + 'static {
 /// `run!(self, "op", write, |tx| engine_call)`: the engine call runs in one transaction; the
 /// captured arguments must be owned.
 macro_rules! run {
-    ($store:expr, $operation:literal, $write:expr, |$tx:ident| $body:expr) => {
+    ($store:expr, $operation:literal, $write:expr, |$tx:ident| $body:expr) => {{
+        $store.feed().count_transaction();
         $store
             .transact($operation, $write, move |$tx| {
                 Box::pin(async move { $body.await })
             })
             .await
-    };
+    }};
 }
 
 #[async_trait]
 impl<B: Backend> Store for B {
     fn backend(&self) -> StoreBackend {
         B::KIND
+    }
+
+    fn transactions(&self) -> u64 {
+        self.feed().transactions()
     }
 
     fn subscribe_events(&self) -> broadcast::Receiver<EventNotice> {

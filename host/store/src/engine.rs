@@ -18,7 +18,7 @@ use crate::model::{
     Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
     BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
     CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
-    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewEvent, NewSession,
+    HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewEffect, NewEvent, NewSession,
     RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
     SessionOwner, SessionStatus, Timestamp,
 };
@@ -353,9 +353,10 @@ pub(crate) async fn commit<T: Tx>(
     let reads = Reads {
         command: commit.command.as_ref().map(|c| c.idempotency_key.as_str()),
         effects: commit
-            .effects
+            .new_effects
             .iter()
-            .map(|t| t.effect_id.as_str())
+            .map(|new| new.effect_id.as_str())
+            .chain(commit.effects.iter().map(|t| t.effect_id.as_str()))
             .collect(),
         actions: commit
             .actions
@@ -389,9 +390,13 @@ pub(crate) async fn commit_on<T: Tx>(
         items,
         events,
         checkpoint,
+        new_effects,
         effects,
         actions,
     } = commit;
+    for new in &new_effects {
+        check_new_effect(new, false)?;
+    }
     if let Some(command) = &command {
         require_id("idempotency key", &command.idempotency_key)?;
     }
@@ -445,9 +450,10 @@ pub(crate) async fn commit_on<T: Tx>(
     // The guarded rows not read yet, in one flight.
     let missing = Reads {
         session_id: &session_id,
-        effects: effects
+        effects: new_effects
             .iter()
-            .map(|t| t.effect_id.as_str())
+            .map(|new| new.effect_id.as_str())
+            .chain(effects.iter().map(|t| t.effect_id.as_str()))
             .filter(|id| !found.effects.contains_key(*id))
             .collect(),
         actions: actions
@@ -461,6 +467,23 @@ pub(crate) async fn commit_on<T: Tx>(
         let more = tx.read(&missing).await?;
         found.effects.extend(more.effects);
         found.actions.extend(more.actions);
+    }
+
+    for new in new_effects {
+        if found
+            .effects
+            .get(&new.effect_id)
+            .is_some_and(Option::is_some)
+        {
+            return Err(StoreError::conflict(
+                Entity::Effect,
+                &new.effect_id,
+                "the effect id is journaled already",
+            ));
+        }
+        let effect = new.into_effect(&session_id, now);
+        tx.insert_effect(&effect).await?;
+        found.effects.insert(effect.effect_id.clone(), Some(effect));
     }
 
     for transition in effects {
@@ -715,18 +738,7 @@ pub(crate) async fn begin_effect<T: Tx>(
         action,
         events,
     } = begin;
-    require_id("effect id", &new.effect_id)?;
-    require_id("effect turn id", &new.turn_id)?;
-    let starts_completed = new.status == EffectStatus::Completed && new.result.is_some();
-    if !starts_completed && !matches!(new.status, EffectStatus::Pending | EffectStatus::Invoking) {
-        return Err(StoreError::invalid(
-            "effect status",
-            format!(
-                "a new effect starts pending or invoking (or completed with a result), not {}",
-                new.status
-            ),
-        ));
-    }
+    check_new_effect(&new, true)?;
     // The lock and the effect's journal entry, in one flight.
     let reads = Reads {
         effects: vec![new.effect_id.as_str()],
@@ -742,11 +754,7 @@ pub(crate) async fn begin_effect<T: Tx>(
         check_fence(&session, fence, now)?;
     }
     if let Some(existing) = found.effects.remove(&new.effect_id).flatten() {
-        let same = existing.session_id == session_id
-            && existing.turn_id == new.turn_id
-            && existing.kind == new.kind
-            && existing.request == new.request;
-        if !same {
+        if !existing.journals(&session_id, &new) {
             return Err(StoreError::conflict(
                 Entity::Effect,
                 &new.effect_id,
@@ -755,26 +763,15 @@ pub(crate) async fn begin_effect<T: Tx>(
         }
         return Ok(BeginEffectOutcome::Existing(existing));
     }
-    let effect = Effect {
-        effect_id: new.effect_id.clone(),
-        session_id: session_id.clone(),
-        turn_id: new.turn_id.clone(),
-        kind: new.kind,
-        status: new.status,
-        request: new.request,
-        result: new.result,
-        error: None,
-        created_at: now,
-        updated_at: now,
-    };
+    let effect = new.into_effect(&session_id, now);
     tx.insert_effect(&effect).await?;
     if let Some(action) = action {
         require_id("action agent id", &action.agent_id)?;
-        announce_work(tx, &new.effect_id);
+        announce_work(tx, &effect.effect_id);
         tx.insert_action(&Action {
-            action_id: new.effect_id,
+            action_id: effect.effect_id.clone(),
             session_id: session_id.clone(),
-            turn_id: new.turn_id,
+            turn_id: effect.turn_id.clone(),
             agent_id: action.agent_id,
             manifest_hash: action.manifest_hash,
             implementation_version: action.implementation_version,
@@ -794,6 +791,32 @@ pub(crate) async fn begin_effect<T: Tx>(
     insert_events(tx, &events).await?;
     save_session(tx, &mut session, now).await?;
     Ok(BeginEffectOutcome::Started { effect, events })
+}
+
+/// Refuses a new effect without ids, or in a status no effect starts in (`pending` only with
+/// an action to claim it, through `begin_effect`).
+fn check_new_effect(new: &NewEffect, pending_allowed: bool) -> Result<(), StoreError> {
+    require_id("effect id", &new.effect_id)?;
+    require_id("effect turn id", &new.turn_id)?;
+    let starts_completed = new.status == EffectStatus::Completed && new.result.is_some();
+    let starts = starts_completed
+        || new.status == EffectStatus::Invoking
+        || (pending_allowed && new.status == EffectStatus::Pending);
+    if !starts {
+        return Err(StoreError::invalid(
+            "effect status",
+            format!(
+                "a new effect starts {} (or completed with a result), not {}",
+                if pending_allowed {
+                    "pending or invoking"
+                } else {
+                    "invoking"
+                },
+                new.status
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) async fn get_effect<T: Tx>(tx: &mut T, id: &str) -> Result<Effect, StoreError> {

@@ -53,6 +53,8 @@ const WORK_CAPACITY: usize = 4_096;
 pub(crate) struct Feed {
     events: broadcast::Sender<EventNotice>,
     work: broadcast::Sender<WorkNotice>,
+    /// Transactions begun through this handle.
+    transactions: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Feed {
@@ -60,11 +62,21 @@ impl Default for Feed {
         Self {
             events: broadcast::channel(EVENT_CAPACITY).0,
             work: broadcast::channel(WORK_CAPACITY).0,
+            transactions: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
 
 impl Feed {
+    pub(crate) fn count_transaction(&self) {
+        self.transactions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn transactions(&self) -> u64 {
+        self.transactions.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn subscribe_events(&self) -> broadcast::Receiver<EventNotice> {
         self.events.subscribe()
     }

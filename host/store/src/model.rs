@@ -607,6 +607,17 @@ pub struct Effect {
     pub updated_at: Timestamp,
 }
 
+impl Effect {
+    /// Whether this entry is the one `new` asks for in `session_id` (same session, turn, kind
+    /// and request): beginning it again is a replay, anything else under its id is a conflict.
+    pub fn journals(&self, session_id: &str, new: &NewEffect) -> bool {
+        self.session_id == session_id
+            && self.turn_id == new.turn_id
+            && self.kind == new.kind
+            && self.request == new.request
+    }
+}
+
 /// An effect to journal.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -657,6 +668,22 @@ impl NewEffect {
         Self {
             result: Some(result),
             ..Self::new(effect_id, turn_id, kind, EffectStatus::Completed, request)
+        }
+    }
+
+    /// The journal entry this becomes in `session_id` at `now`.
+    pub fn into_effect(self, session_id: &str, now: Timestamp) -> Effect {
+        Effect {
+            effect_id: self.effect_id,
+            session_id: session_id.to_owned(),
+            turn_id: self.turn_id,
+            kind: self.kind,
+            status: self.status,
+            request: self.request,
+            result: self.result,
+            error: None,
+            created_at: now,
+            updated_at: now,
         }
     }
 }
@@ -1077,6 +1104,11 @@ pub struct SessionCommit {
     pub events: Vec<NewEvent>,
     /// The new live checkpoint, or its removal.
     pub checkpoint: Option<CheckpointWrite>,
+    /// Effects to journal, in order, before the transitions apply. Each must be new (an id
+    /// journaled before is a [`crate::StoreError::Conflict`]) and start completed with a result
+    /// or invoking (work the caller starts once this commit returns); work for an executor
+    /// (pending, with its action) goes through [`crate::Store::begin_effect`].
+    pub new_effects: Vec<NewEffect>,
     /// Guarded effect status changes.
     pub effects: Vec<EffectTransition>,
     /// Guarded action status changes.

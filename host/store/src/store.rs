@@ -30,6 +30,10 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Which implementation this is.
     fn backend(&self) -> StoreBackend;
 
+    /// How many transactions (reads and writes, each one round of the store's own) this
+    /// handle has begun: what benchmarks count per turn.
+    fn transactions(&self) -> u64;
+
     /// A notice for every event appended to any session, sent after its transaction commits.
     ///
     /// A subscriber (an SSE stream) keeps the cursor of the last event it delivered and, when a
