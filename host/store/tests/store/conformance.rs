@@ -72,6 +72,7 @@ conformance!(
     one_checkpoint_is_live_per_session,
     commands_replay_their_first_response_and_reject_another_body,
     effects_begin_once_and_move_only_under_their_guards,
+    a_commit_journals_new_effects_with_its_events_or_not_at_all,
     a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain,
     actions_are_claimed_heartbeated_and_completed_under_their_generation,
     expired_action_claims_become_uncertain,
@@ -768,6 +769,60 @@ async fn effects_begin_once_and_move_only_under_their_guards(f: &Fixture) -> any
             .await?
             .is_empty()
     );
+    Ok(())
+}
+
+async fn a_commit_journals_new_effects_with_its_events_or_not_at_all(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let record = NewEffect::completed(
+        "t1:started",
+        "t1",
+        EffectKind::Script,
+        json!({"name": "run_js"}),
+        json!({}),
+    );
+    let mut commit = SessionCommit::new("s1");
+    commit.new_effects = vec![record.clone(), model_call("t1:model", "t1", json!(1))];
+    commit.events.push(event("tool.started", json!({})));
+    applied(store.commit(commit).await?)?;
+    let started = store.get_effect("t1:started").await?;
+    ensure!(started.status == EffectStatus::Completed && started.result == Some(json!({})));
+    ensure!(store.get_effect("t1:model").await?.status == EffectStatus::Invoking);
+    ensure!(store.get_session("s1").await?.last_cursor == 1);
+
+    // An id journaled before is refused, and nothing of that commit applies.
+    let mut again = SessionCommit::new("s1");
+    again.new_effects = vec![model_call("t1:other", "t1", json!(2)), record];
+    again.events.push(event("tool.started", json!({})));
+    expect_err!(
+        store.commit(again).await,
+        StoreError::Conflict {
+            entity: Entity::Effect,
+            ..
+        }
+    );
+    expect_err!(
+        store.get_effect("t1:other").await,
+        StoreError::NotFound {
+            entity: Entity::Effect,
+            ..
+        }
+    );
+    ensure!(store.get_session("s1").await?.last_cursor == 1, "no event");
+
+    // Work for an executor starts pending, with its action: only through begin_effect.
+    let mut pending = SessionCommit::new("s1");
+    pending.new_effects = vec![NewEffect::new(
+        "t1:action",
+        "t1",
+        EffectKind::CapabilityCall,
+        EffectStatus::Pending,
+        json!({}),
+    )];
+    expect_err!(store.commit(pending).await, StoreError::InvalidInput { .. });
     Ok(())
 }
 
