@@ -15,19 +15,22 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use corral_catalog::{Catalog, Redactor};
 use corral_chat::{
-    ApprovalPolicy, Input, ModelLimits, Resume, RunResult, SandboxExecutorFactory, StoreJournal,
-    VecSink,
+    ActionRequest, ApprovalPolicy, ConversationItem, ConversationStore, Input, JournalError,
+    Journaled, ModelLimits, Resume, RunResult, SandboxExecutorFactory, StoreJournal,
+    SuspensionContext, VecSink,
 };
 use corral_models::ScriptedModel;
 use corral_sandbox::{
     Backend, Invocation, InvocationContext, InvokeCapabilityError, Sandbox, SandboxConfig,
     SessionLimits, SessionOptions, ToolResult,
 };
+use corral_store::EffectKind;
 use corral_store::{NewAgent, NewSession, PostgresOptions, PostgresStore, SqliteStore, Store};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -46,6 +49,83 @@ impl Backend for Instant0 {
         invocation: Invocation,
     ) -> Result<ToolResult, InvokeCapabilityError> {
         Ok(ToolResult::new(invocation.argument().clone()))
+    }
+}
+
+/// The journal a turn writes through, timed: how long the turn waits on it, so the runtime
+/// overhead splits into the journal's part and the runtime's own.
+#[derive(Debug)]
+struct Timed {
+    inner: StoreJournal,
+    nanos: AtomicU64,
+}
+
+impl Timed {
+    async fn time<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        let started = Instant::now();
+        let output = work.await;
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if std::env::var_os("TB_DEBUG").is_some() {
+            eprintln!("{} {}", std::any::type_name::<T>(), nanos / 1000);
+        }
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        output
+    }
+}
+
+#[async_trait]
+impl ConversationStore for Timed {
+    async fn history(&self) -> Result<Vec<ConversationItem>, JournalError> {
+        self.time(self.inner.history()).await
+    }
+    async fn model_calls_before(&self, turn_id: &str) -> Result<u64, JournalError> {
+        self.time(self.inner.model_calls_before(turn_id)).await
+    }
+    async fn begin(
+        &self,
+        turn_id: &str,
+        effect_id: &str,
+        kind: EffectKind,
+        request: Value,
+        action: Option<ActionRequest>,
+    ) -> Result<Journaled, JournalError> {
+        self.time(self.inner.begin(turn_id, effect_id, kind, request, action))
+            .await
+    }
+    async fn record(
+        &self,
+        turn_id: &str,
+        effect_id: &str,
+        kind: EffectKind,
+        request: Value,
+        result: Value,
+    ) -> Result<Journaled, JournalError> {
+        self.time(self.inner.record(turn_id, effect_id, kind, request, result))
+            .await
+    }
+    async fn lookup(&self, effect_id: &str) -> Result<Option<Journaled>, JournalError> {
+        self.time(self.inner.lookup(effect_id)).await
+    }
+    async fn complete(&self, effect_id: &str, result: Value) -> Result<(), JournalError> {
+        self.time(self.inner.complete(effect_id, result)).await
+    }
+    async fn restart(&self, effect_id: &str) -> Result<(), JournalError> {
+        self.time(self.inner.restart(effect_id)).await
+    }
+    async fn completed_with_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, Value)>, JournalError> {
+        self.time(self.inner.completed_with_prefix(prefix)).await
+    }
+    async fn save_checkpoint(&self, checkpoint: &SuspensionContext) -> Result<(), JournalError> {
+        self.time(self.inner.save_checkpoint(checkpoint)).await
+    }
+    async fn flush(&self) -> Result<(), JournalError> {
+        self.time(self.inner.flush()).await
+    }
+    async fn publish(&self) -> Result<(), JournalError> {
+        self.time(self.inner.publish()).await
     }
 }
 
@@ -113,18 +193,31 @@ impl Bench {
         Ok(())
     }
 
-    /// One whole auto-confirmed turn of `TWO_CALLS` on a fresh session.
-    async fn turn(&self, store: &Arc<dyn Store>, id: &str) -> anyhow::Result<Duration> {
+    /// One whole auto-confirmed turn of `TWO_CALLS` on a fresh session: how long it took, how
+    /// many store transactions it made and how long it waited on its journal.
+    async fn turn(
+        &self,
+        store: &Arc<dyn Store>,
+        id: &str,
+    ) -> anyhow::Result<(Duration, u64, Duration)> {
         self.session(store, id).await?;
-        let input = self.input(store, id, TWO_CALLS)?;
+        let mut input = self.input(store, id, TWO_CALLS)?;
+        let timed = Arc::new(Timed {
+            inner: StoreJournal::new(Arc::clone(store), id, None, 0),
+            nanos: AtomicU64::new(0),
+        });
+        input.store = Arc::clone(&timed) as Arc<dyn ConversationStore>;
+        let transactions = store.transactions();
         let started = Instant::now();
         let result = corral_chat::run(&CancellationToken::new(), input).await?;
         let took = started.elapsed();
+        let transactions = store.transactions() - transactions;
         anyhow::ensure!(
             matches!(result, RunResult::Completed { .. }),
             "the turn did not complete: {result:?}"
         );
-        Ok(took)
+        let waited = Duration::from_nanos(timed.nanos.load(Ordering::Relaxed));
+        Ok((took, transactions, waited))
     }
 
     /// The turn up to its suspension, then the approved resume that replays the 100 calls.
@@ -207,9 +300,14 @@ async fn measure(
         bench.replay(&store, &format!("warm-replay{i}")).await?;
     }
     let mut turns_taken = Vec::new();
+    let mut store_waits = Vec::new();
+    let mut operations = 0;
     let mut scripts = Vec::new();
     for i in 0..turns {
-        turns_taken.push(bench.turn(&store, &format!("turn{i}")).await?);
+        let (took, ops, waited) = bench.turn(&store, &format!("turn{i}")).await?;
+        turns_taken.push(took);
+        store_waits.push(waited);
+        operations = ops;
         scripts.push(bench.script_alone().await?);
     }
     let mut runs = Vec::new();
@@ -220,6 +318,7 @@ async fn measure(
         resumes.push(resume);
     }
     let turn = summary(turns_taken);
+    let store_wait = summary(store_waits);
     let script = summary(scripts);
     let run = summary(runs);
     let resume = summary(resumes);
@@ -232,6 +331,8 @@ async fn measure(
         "turn": turn,
         "script_alone": script,
         "runtime_overhead_p50_us": (overhead * 10.0).round() / 10.0,
+        "store_transactions_per_turn": operations,
+        "journal_wait_per_turn": store_wait,
         "replay_100": {"run": run, "resume": resume, "resume_over_run": (ratio * 100.0).round() / 100.0},
     }))
 }

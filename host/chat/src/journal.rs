@@ -5,12 +5,14 @@
 //! script batch and tool result has a stable id derived from its position in the turn, and a
 //! completed entry is returned instead of being performed again.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use corral_store::{
-    BeginEffect, BeginEffectOutcome, CheckpointWrite, EffectKind, EffectStatus, EffectTransition,
-    Fence, NewAction, NewCheckpoint, NewEffect, NewEvent, SessionCommit, Store, StoreError,
+    BeginEffect, BeginEffectOutcome, CheckpointWrite, Effect, EffectKind, EffectStatus,
+    EffectTransition, Fence, NewAction, NewCheckpoint, NewEffect, NewEvent, SessionCommit, Store,
+    StoreError, Timestamp,
 };
 use serde_json::Value;
 
@@ -36,6 +38,9 @@ pub enum JournalError {
     /// Stored data could not be read.
     #[error("stored data is unreadable: {0}")]
     Corrupt(String),
+    /// An earlier commit of this run failed with this error: nothing more is written.
+    #[error("an earlier journal commit failed: {0}")]
+    Failed(String),
 }
 
 impl From<StoreError> for JournalError {
@@ -118,15 +123,88 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
 
     /// Makes the permission checkpoint durable. Called before the permission event is emitted.
     async fn save_checkpoint(&self, checkpoint: &SuspensionContext) -> Result<(), JournalError>;
+
+    /// Makes durable whatever the journal still holds back (see [`StoreJournal`]). A run calls
+    /// it before it returns.
+    async fn flush(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
+
+    /// Like [`ConversationStore::flush`], but only when events wait in the journal: called
+    /// before a script starts, so the stream shows what led to it while it runs.
+    async fn publish(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
 }
 
 /// [`ConversationStore`] over a `corral_store::Store` session, optionally under a lease.
-#[derive(Debug, Clone)]
+///
+/// It reads the session's journal once, on first use, and answers every later question about
+/// it (`lookup`, `record` of an entry already journaled, `completed_with_prefix`) from that
+/// copy, kept up to date with its own writes: the run holds the session's lease, so nothing
+/// else adds to the journal meanwhile.
+///
+/// Writes go to the store in as few commits as the journal's promise allows. Entries that are
+/// complete at once (`record`) and events (`append_events`, from the runtime's sink) are held
+/// back and committed with the next write that must be durable before the run goes on: an
+/// effect about to be performed (`begin`), a result (`complete`), a retry (`restart`), a
+/// checkpoint, or [`ConversationStore::flush`]. Both are reproduced the same way if the process
+/// dies before they are committed, and an event is never durable before the entry that caused
+/// it. Writes made while a commit is in flight (concurrent calls of a script) go together in
+/// the next one. After a failed commit every later write fails with the same error.
+#[derive(Debug)]
 pub struct StoreJournal {
     store: Arc<dyn Store>,
     session_id: String,
     fence: Option<Fence>,
     segment: u64,
+    known: tokio::sync::OnceCell<Mutex<Known>>,
+    held: Mutex<Held>,
+    /// Taken by the task committing the held writes.
+    committing: tokio::sync::Mutex<()>,
+}
+
+/// The session's journal entries, in journal order.
+#[derive(Debug, Default)]
+struct Known {
+    order: Vec<String>,
+    effects: HashMap<String, Effect>,
+}
+
+impl Known {
+    fn add(&mut self, effect: Effect) {
+        if self.effects.contains_key(&effect.effect_id) {
+            return;
+        }
+        self.order.push(effect.effect_id.clone());
+        self.effects.insert(effect.effect_id.clone(), effect);
+    }
+}
+
+/// Writes not committed yet.
+#[derive(Debug, Default)]
+struct Held {
+    new_effects: Vec<NewEffect>,
+    transitions: Vec<EffectTransition>,
+    checkpoint: Option<CheckpointWrite>,
+    events: Vec<NewEvent>,
+    /// Writes added so far, and how many of them are committed.
+    added: u64,
+    committed: u64,
+    failure: Option<String>,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.new_effects.is_empty()
+            && self.transitions.is_empty()
+            && self.checkpoint.is_none()
+            && self.events.is_empty()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl StoreJournal {
@@ -143,10 +221,13 @@ impl StoreJournal {
             session_id: session_id.into(),
             fence,
             segment,
+            known: tokio::sync::OnceCell::new(),
+            held: Mutex::default(),
+            committing: tokio::sync::Mutex::new(()),
         }
     }
 
-    fn existing(effect: &corral_store::Effect) -> Journaled {
+    fn existing(effect: &Effect) -> Journaled {
         match effect.status {
             EffectStatus::Completed => {
                 Journaled::Completed(effect.result.clone().unwrap_or(Value::Null))
@@ -158,6 +239,105 @@ impl StoreJournal {
         }
     }
 
+    /// The session's journal, read on first use.
+    async fn known(&self) -> Result<&Mutex<Known>, JournalError> {
+        self.known
+            .get_or_try_init(|| async {
+                let mut known = Known::default();
+                for effect in self.store.list_effects(&self.session_id, None).await? {
+                    known.add(effect);
+                }
+                Ok::<_, JournalError>(Mutex::new(known))
+            })
+            .await
+    }
+
+    /// Journals `new` unless its id is journaled: then its state, or drift when it was
+    /// journaled with another request. `Ok(None)`: it is new, and held for the next commit.
+    async fn add_effect(&self, new: NewEffect) -> Result<Option<Journaled>, JournalError> {
+        let mut known = lock(self.known().await?);
+        if let Some(existing) = known.effects.get(&new.effect_id) {
+            if !existing.journals(&self.session_id, &new) {
+                return Err(JournalError::Drift {
+                    effect_id: new.effect_id,
+                });
+            }
+            return Ok(Some(Self::existing(existing)));
+        }
+        known.add(new.clone().into_effect(&self.session_id, Timestamp::now()));
+        self.hold(|held| held.new_effects.push(new))?;
+        Ok(None)
+    }
+
+    /// Adds a write to the held ones.
+    fn hold(&self, add: impl FnOnce(&mut Held)) -> Result<u64, JournalError> {
+        let mut held = lock(&self.held);
+        if let Some(failure) = &held.failure {
+            return Err(JournalError::Failed(failure.clone()));
+        }
+        add(&mut held);
+        held.added += 1;
+        Ok(held.added)
+    }
+
+    /// Adds a write and returns once it is committed, with whatever else is held.
+    async fn hold_durable(&self, add: impl FnOnce(&mut Held)) -> Result<(), JournalError> {
+        let ticket = self.hold(add)?;
+        // Lets the script's other calls, started with this one, add theirs to the same commit.
+        tokio::task::yield_now().await;
+        self.commit_through(ticket).await
+    }
+
+    /// Returns once the first `ticket` writes are committed: by this task, or by the one
+    /// that was committing when it asked (group commit).
+    async fn commit_through(&self, ticket: u64) -> Result<(), JournalError> {
+        let _committing = self.committing.lock().await;
+        let mut commit = SessionCommit::new(self.session_id.clone());
+        let upto = {
+            let mut held = lock(&self.held);
+            if let Some(failure) = &held.failure {
+                return Err(JournalError::Failed(failure.clone()));
+            }
+            if held.committed >= ticket {
+                return Ok(());
+            }
+            commit.new_effects = std::mem::take(&mut held.new_effects);
+            commit.effects = std::mem::take(&mut held.transitions);
+            commit.checkpoint = held.checkpoint.take();
+            commit.events = std::mem::take(&mut held.events);
+            held.added
+        };
+        commit.fence = self.fence.clone();
+        match self.store.commit(commit).await {
+            Ok(_) => {
+                lock(&self.held).committed = upto;
+                Ok(())
+            }
+            Err(error) => {
+                let error = JournalError::from(error);
+                lock(&self.held).failure = Some(error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Holds the runtime's events back for the journal's next commit (see [`StoreJournal`]);
+    /// with `now`, commits them (and everything held before them) before returning.
+    pub async fn append_events(
+        &self,
+        events: Vec<NewEvent>,
+        now: bool,
+    ) -> Result<(), JournalError> {
+        if events.is_empty() && !now {
+            return Ok(());
+        }
+        let ticket = self.hold(|held| held.events.extend(events))?;
+        if now {
+            self.commit_through(ticket).await?;
+        }
+        Ok(())
+    }
+
     async fn begin_effect(
         &self,
         effect_id: &str,
@@ -165,12 +345,18 @@ impl StoreJournal {
         action: Option<NewAction>,
         events: Vec<NewEvent>,
     ) -> Result<Journaled, JournalError> {
+        // Work for an executor goes through the store's own step; what is held goes first.
+        self.flush().await?;
         let mut begin = BeginEffect::new(self.session_id.clone(), new);
         begin.fence = self.fence.clone();
         begin.action = action;
         begin.events = events;
+        let known = self.known().await?;
         match self.store.begin_effect(begin).await {
-            Ok(BeginEffectOutcome::Started { .. }) => Ok(Journaled::New),
+            Ok(BeginEffectOutcome::Started { effect, .. }) => {
+                lock(known).add(effect);
+                Ok(Journaled::New)
+            }
             Ok(BeginEffectOutcome::Existing(effect)) => Ok(Self::existing(&effect)),
             Ok(_) => Err(JournalError::Corrupt(format!(
                 "effect {effect_id}: the store answered in a way this version does not know"
@@ -179,6 +365,18 @@ impl StoreJournal {
                 effect_id: effect_id.to_string(),
             }),
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Records a status change of a known effect, for later reads.
+    async fn note(&self, effect_id: &str, status: EffectStatus, result: Option<Value>) {
+        if let Ok(known) = self.known().await
+            && let Some(effect) = lock(known).effects.get_mut(effect_id)
+        {
+            effect.status = status;
+            if result.is_some() {
+                effect.result = result;
+            }
         }
     }
 }
@@ -206,9 +404,10 @@ impl ConversationStore for StoreJournal {
     }
 
     async fn model_calls_before(&self, turn_id: &str) -> Result<u64, JournalError> {
-        let effects = self.store.list_effects(&self.session_id, None).await?;
-        Ok(effects
-            .iter()
+        let known = lock(self.known().await?);
+        Ok(known
+            .effects
+            .values()
             .filter(|e| e.kind == EffectKind::ModelCall && e.turn_id != turn_id)
             .count() as u64)
     }
@@ -221,32 +420,36 @@ impl ConversationStore for StoreJournal {
         request: Value,
         action: Option<ActionRequest>,
     ) -> Result<Journaled, JournalError> {
-        let (status, action, events) = match action {
-            Some(action) => {
-                let session = self.store.get_session(&self.session_id).await?;
-                let event = NewEvent::new(
-                    "action.pending",
-                    serde_json::json!({
-                        "actionId": effect_id,
-                        "kind": "action",
-                        "toolName": action.capability_id,
-                        "input": action.request.get("input").cloned().unwrap_or(Value::Null),
-                    }),
-                )
-                .in_turn(turn_id);
-                let new = NewAction::new(
-                    session.agent_id,
-                    session.manifest_hash,
-                    session.implementation_version,
-                    action.capability_id,
-                    action.request,
-                );
-                (EffectStatus::Pending, Some(new), vec![event])
+        let Some(action) = action else {
+            let new = NewEffect::new(effect_id, turn_id, kind, EffectStatus::Invoking, request);
+            if let Some(existing) = self.add_effect(new).await? {
+                return Ok(existing);
             }
-            None => (EffectStatus::Invoking, None, Vec::new()),
+            // Durable before the caller performs it.
+            self.hold_durable(|_| {}).await?;
+            return Ok(Journaled::New);
         };
-        let new = NewEffect::new(effect_id, turn_id, kind, status, request);
-        self.begin_effect(effect_id, new, action, events).await
+        let session = self.store.get_session(&self.session_id).await?;
+        let event = NewEvent::new(
+            "action.pending",
+            serde_json::json!({
+                "actionId": effect_id,
+                "kind": "action",
+                "toolName": action.capability_id,
+                "input": action.request.get("input").cloned().unwrap_or(Value::Null),
+            }),
+        )
+        .in_turn(turn_id);
+        let new_action = NewAction::new(
+            session.agent_id,
+            session.manifest_hash,
+            session.implementation_version,
+            action.capability_id,
+            action.request,
+        );
+        let new = NewEffect::new(effect_id, turn_id, kind, EffectStatus::Pending, request);
+        self.begin_effect(effect_id, new, Some(new_action), vec![event])
+            .await
     }
 
     async fn record(
@@ -258,70 +461,83 @@ impl ConversationStore for StoreJournal {
         result: Value,
     ) -> Result<Journaled, JournalError> {
         let new = NewEffect::completed(effect_id, turn_id, kind, request, result);
-        self.begin_effect(effect_id, new, None, Vec::new()).await
+        Ok(self.add_effect(new).await?.unwrap_or(Journaled::New))
     }
 
     async fn lookup(&self, effect_id: &str) -> Result<Option<Journaled>, JournalError> {
-        match self.store.get_effect(effect_id).await {
-            Ok(effect) if effect.session_id == self.session_id => Ok(Some(Self::existing(&effect))),
-            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        let known = lock(self.known().await?);
+        Ok(known.effects.get(effect_id).map(Self::existing))
     }
 
     async fn complete(&self, effect_id: &str, result: Value) -> Result<(), JournalError> {
-        let mut commit = SessionCommit::new(self.session_id.clone());
-        commit.fence = self.fence.clone();
-        commit.effects.push(
-            EffectTransition::new(
-                effect_id,
-                &[EffectStatus::Invoking],
-                EffectStatus::Completed,
-            )
-            .with_result(result),
-        );
-        self.store.commit(commit).await?;
-        Ok(())
+        self.note(effect_id, EffectStatus::Completed, Some(result.clone()))
+            .await;
+        self.hold_durable(|held| {
+            held.transitions.push(
+                EffectTransition::new(
+                    effect_id,
+                    &[EffectStatus::Invoking],
+                    EffectStatus::Completed,
+                )
+                .with_result(result),
+            );
+        })
+        .await
     }
 
     async fn restart(&self, effect_id: &str) -> Result<(), JournalError> {
-        let mut commit = SessionCommit::new(self.session_id.clone());
-        commit.fence = self.fence.clone();
-        commit.effects.push(EffectTransition::new(
-            effect_id,
-            &[EffectStatus::Pending],
-            EffectStatus::Invoking,
-        ));
-        self.store.commit(commit).await?;
-        Ok(())
+        self.note(effect_id, EffectStatus::Invoking, None).await;
+        self.hold_durable(|held| {
+            held.transitions.push(EffectTransition::new(
+                effect_id,
+                &[EffectStatus::Pending],
+                EffectStatus::Invoking,
+            ));
+        })
+        .await
     }
 
     async fn completed_with_prefix(
         &self,
         prefix: &str,
     ) -> Result<Vec<(String, Value)>, JournalError> {
-        let effects = self
-            .store
-            .list_effects(&self.session_id, Some(EffectStatus::Completed))
-            .await?;
-        Ok(effects
-            .into_iter()
-            .filter(|e| e.effect_id.starts_with(prefix))
-            .map(|e| (e.effect_id, e.result.unwrap_or(Value::Null)))
+        let known = lock(self.known().await?);
+        Ok(known
+            .order
+            .iter()
+            .filter(|id| id.starts_with(prefix))
+            .filter_map(|id| known.effects.get(id))
+            .filter(|e| e.status == EffectStatus::Completed)
+            .map(|e| (e.effect_id.clone(), e.result.clone().unwrap_or(Value::Null)))
             .collect())
     }
 
     async fn save_checkpoint(&self, checkpoint: &SuspensionContext) -> Result<(), JournalError> {
         let data =
             serde_json::to_value(checkpoint).map_err(|e| JournalError::Corrupt(e.to_string()))?;
-        let mut commit = SessionCommit::new(self.session_id.clone());
-        commit.fence = self.fence.clone();
-        commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
-            checkpoint.turn_id.clone(),
-            self.segment,
-            data,
-        )));
-        self.store.commit(commit).await?;
-        Ok(())
+        let put = NewCheckpoint::new(checkpoint.turn_id.clone(), self.segment, data);
+        self.hold_durable(|held| held.checkpoint = Some(CheckpointWrite::Put(put)))
+            .await
+    }
+
+    async fn flush(&self) -> Result<(), JournalError> {
+        let ticket = {
+            let held = lock(&self.held);
+            if held.is_empty() {
+                return match &held.failure {
+                    Some(failure) => Err(JournalError::Failed(failure.clone())),
+                    None => Ok(()),
+                };
+            }
+            held.added
+        };
+        self.commit_through(ticket).await
+    }
+
+    async fn publish(&self) -> Result<(), JournalError> {
+        if lock(&self.held).events.is_empty() {
+            return Ok(());
+        }
+        self.flush().await
     }
 }

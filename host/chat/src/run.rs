@@ -292,6 +292,12 @@ async fn run_turn(ctx: &CancellationToken, input: Input) -> Result<RunResult, Ru
     let result = turn.run().await;
     // Closing the executor on every exit: completion, suspension, waiting, failure, cancel.
     turn.executor = None;
+    // What the journal still holds back is durable before the run's outcome is.
+    if let Err(error) = turn.store.flush().await
+        && result.is_ok()
+    {
+        return Err(RunError::Store(error));
+    }
     if let Some(failure) = turn.emitter.failure() {
         return Ok(RunResult::Failed {
             code: "sink_error".into(),
@@ -926,6 +932,10 @@ impl Turn<'_> {
                 Ok(schedule) => schedule,
                 Err(message) => return Ok(Err(failed("effect_drift", message))),
             };
+        // The stream shows what led to the script before it runs (it may run long).
+        if let Err(error) = self.store.publish().await {
+            return journal_stop(error).map(Err);
+        }
         let Some(executor) = self.executor.as_mut() else {
             return Ok(Err(failed("executor_error", "no executor")));
         };

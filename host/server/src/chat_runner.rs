@@ -32,7 +32,7 @@ use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions, McpListError};
 use corral_models::{Model, Provider, ProviderConfig, ScriptedModel};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{Backend, InvocationContext, Sandbox, ScriptUser, SessionLimits};
-use corral_store::{Fence, NewEvent, SessionCommit, Store};
+use corral_store::NewEvent;
 use serde_json::{Value, json};
 
 use crate::manifest::{Approval, BUILTIN_CAPABILITIES, Manifest, Mode, ModelSpec};
@@ -182,46 +182,22 @@ impl ChatTurnRunner {
     }
 }
 
-/// Appends the runtime's events to the session's stream. Text deltas are appended in batches:
-/// they wait (at most [`DELTA_WINDOW`], or [`DELTA_BATCH`] of them) and go in one commit with
-/// the next event, so a streamed answer costs a few appends instead of one per token. Nothing
-/// is reordered and nothing acknowledged waits: the runtime's other events, and the end of the
-/// segment, flush what is buffered first.
+/// Appends the runtime's events to the session's stream, through the run's journal: an event
+/// goes in the journal's next commit, with the entry that caused it (see [`StoreJournal`]), so a
+/// turn's events cost no commits of their own. Text deltas are committed by themselves only
+/// when no other commit took them within [`DELTA_WINDOW`] or [`DELTA_BATCH`] of them, so a
+/// streamed answer costs a few commits instead of one per token. Nothing is reordered and
+/// nothing waits past the segment's end: the run commits what is held before it returns.
 struct StoreSink {
-    store: Arc<dyn Store>,
-    session_id: String,
-    fence: Fence,
-    deltas: tokio::sync::Mutex<(Vec<NewEvent>, Option<std::time::Instant>)>,
+    journal: Arc<StoreJournal>,
+    /// Text deltas since the sink last asked for a commit, and when the first of them came.
+    deltas: tokio::sync::Mutex<(usize, Option<std::time::Instant>)>,
 }
 
-/// How long a text delta may wait for others to be appended with it.
+/// How long a text delta may wait for others to be committed with it.
 const DELTA_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
-/// How many text deltas are appended at most in one commit.
+/// How many text deltas are committed at most in one commit.
 const DELTA_BATCH: usize = 64;
-
-impl StoreSink {
-    async fn append(&self, events: Vec<NewEvent>) -> Result<(), SinkError> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let mut commit = SessionCommit::new(&self.session_id);
-        commit.fence = Some(self.fence.clone());
-        commit.events = events;
-        self.store
-            .commit(commit)
-            .await
-            .map(|_| ())
-            .map_err(|e| SinkError(e.to_string()))
-    }
-
-    /// Appends whatever text deltas are still buffered.
-    async fn flush(&self) -> Result<(), SinkError> {
-        let mut buffered = self.deltas.lock().await;
-        let events = std::mem::take(&mut buffered.0);
-        buffered.1 = None;
-        self.append(events).await
-    }
-}
 
 #[async_trait]
 impl EventSink for StoreSink {
@@ -232,16 +208,20 @@ impl EventSink for StoreSink {
             map.insert("step".into(), json!(event.step));
         }
         let new = NewEvent::new(event.kind.type_name(), data).in_turn(event.run_id);
-        let mut buffered = self.deltas.lock().await;
-        buffered.0.push(new);
-        let since = *buffered.1.get_or_insert_with(std::time::Instant::now);
-        if delta && buffered.0.len() < DELTA_BATCH && since.elapsed() < DELTA_WINDOW {
-            return Ok(());
+        let mut deltas = self.deltas.lock().await;
+        let due = delta && {
+            deltas.0 += 1;
+            let since = *deltas.1.get_or_insert_with(std::time::Instant::now);
+            deltas.0 >= DELTA_BATCH || since.elapsed() >= DELTA_WINDOW
+        };
+        if due {
+            *deltas = (0, None);
         }
-        let events = std::mem::take(&mut buffered.0);
-        buffered.1 = None;
-        // The lock is held across the append, so batches are appended in order.
-        self.append(events).await
+        // The lock is held across the append, so events are held in the order they came.
+        self.journal
+            .append_events(vec![new], due)
+            .await
+            .map_err(|e| SinkError(e.to_string()))
     }
 }
 
@@ -453,23 +433,22 @@ impl TurnRunner for ChatTurnRunner {
                 "the agent's catalog, manifest or version changed since the turn paused",
             );
         }
+        let journal = Arc::new(StoreJournal::new(
+            Arc::clone(&job.store),
+            job.session.id.clone(),
+            Some(job.fence.clone()),
+            job.segment,
+        ));
         let sink = Arc::new(StoreSink {
-            store: Arc::clone(&job.store),
-            session_id: job.session.id.clone(),
-            fence: job.fence.clone(),
-            deltas: tokio::sync::Mutex::new((Vec::new(), None)),
+            journal: Arc::clone(&journal),
+            deltas: tokio::sync::Mutex::new((0, None)),
         });
         let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(manifest))
             .with_redactor(Arc::clone(&redactor));
         let input = Input {
             model: Arc::clone(&prepared.model),
             limits: model_limits(manifest),
-            store: Arc::new(StoreJournal::new(
-                Arc::clone(&job.store),
-                job.session.id.clone(),
-                Some(job.fence.clone()),
-                job.segment,
-            )),
+            store: Arc::clone(&journal) as Arc<dyn corral_chat::ConversationStore>,
             turn_id: job.turn_id.clone(),
             message: checkpoint.message.clone(),
             max_steps: manifest.max_steps.unwrap_or(16),
@@ -502,12 +481,8 @@ impl TurnRunner for ChatTurnRunner {
             resume: None,
             trace_context: checkpoint.trace_context.clone(),
         };
+        // The run commits what its journal holds (events included) before it returns.
         let result = corral_chat::run(&job.cancel, input).await;
-        // Deltas still buffered go before the segment's outcome.
-        if let Err(error) = sink.flush().await {
-            // Only display text is lost (and no cursor is skipped): the outcome still applies.
-            tracing::warn!(session = %job.session.id, error = %error.0, "appending the last text deltas failed");
-        }
         match result {
             Ok(RunResult::Completed {
                 text,

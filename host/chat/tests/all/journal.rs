@@ -1,0 +1,203 @@
+//! The journal's commits: how few a turn takes, what a crash before one loses (an entry and the
+//! events it caused, together), and what a failed one leaves behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_chat::{ConversationStore, JournalError, Journaled, RunResult, StoreJournal};
+use corral_store::{EffectKind, EffectStatus, NewEvent, Store};
+use serde_json::json;
+
+use crate::support::*;
+use crate::{dir, run_ok};
+
+const TWO_ECHOES: &str = "const [a, b] = await Promise.all([tools.t.echo({n: 1}), tools.t.echo({n: 2})]); return [a, b];";
+
+/// A whole turn (model call, a script of two concurrent calls, model answer) took 16 store
+/// transactions when every journal entry was its own commit and every lookup its own read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_of_two_calls_takes_at_most_ten_store_transactions() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let parts = Parts::new(json!([js(TWO_ECHOES), {"text": "done"}]));
+    let mut input = parts.input(&store, "turn-1", "echo twice");
+    input.auto_confirm = true;
+    let before = store.transactions();
+    let RunResult::Completed { text, .. } = run_ok(input).await else {
+        panic!("not completed")
+    };
+    let transactions = store.transactions() - before;
+    assert_eq!(text, "done");
+    assert!(
+        transactions <= 10,
+        "the turn took {transactions} store transactions"
+    );
+    // Everything the turn journaled is durable once it returns.
+    let effects = list_effects(&store).await;
+    assert!(
+        effects.iter().all(|e| e.status == EffectStatus::Completed),
+        "{effects:?}"
+    );
+    assert_eq!(
+        effects
+            .iter()
+            .filter(|e| e.kind == EffectKind::CapabilityCall)
+            .count(),
+        2
+    );
+}
+
+/// An entry complete at once and the event it caused wait for the next commit: a process that
+/// dies first loses both (the next run journals and emits them again, once), never one alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_entry_and_its_event_are_committed_together_or_not_at_all() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let dead = StoreJournal::new(Arc::clone(&store), "s1", None, 0);
+    let recorded = record(&dead, "t1:s0:t0:started").await;
+    assert_eq!(recorded, Journaled::New);
+    append(&dead, "tool.started").await;
+    assert_eq!(
+        dead.lookup("t1:s0:t0:started").await.ok().flatten(),
+        Some(Journaled::Completed(json!({}))),
+        "the journal answers from what it holds"
+    );
+    drop(dead);
+    assert!(
+        list_effects(&store).await.is_empty(),
+        "nothing was committed"
+    );
+    assert!(events(&store).await.is_empty());
+
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", None, 0);
+    assert_eq!(record(&journal, "t1:s0:t0:started").await, Journaled::New);
+    append(&journal, "tool.started").await;
+    let began = journal
+        .begin(
+            "t1",
+            "t1:s0:t0:b0:c0",
+            EffectKind::CapabilityCall,
+            json!({"capability": "t.echo"}),
+            None,
+        )
+        .await;
+    assert!(matches!(began, Ok(Journaled::New)), "{began:?}");
+    // The call is about to be performed: it, the entry before it and the event are durable.
+    let effects = list_effects(&store).await;
+    let mut ids: Vec<(&str, EffectStatus)> = effects
+        .iter()
+        .map(|e| (e.effect_id.as_str(), e.status))
+        .collect();
+    ids.sort_by_key(|(id, _)| *id);
+    assert_eq!(
+        ids,
+        [
+            ("t1:s0:t0:b0:c0", EffectStatus::Invoking),
+            ("t1:s0:t0:started", EffectStatus::Completed)
+        ]
+    );
+    let types: Vec<String> = events(&store)
+        .await
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(types, ["tool.started"]);
+    // A replay of the same entry is answered from the journal, a different one is drift.
+    assert_eq!(
+        record(&journal, "t1:s0:t0:started").await,
+        Journaled::Completed(json!({}))
+    );
+    let drift = journal
+        .record(
+            "t1",
+            "t1:s0:t0:started",
+            EffectKind::Script,
+            json!({"name": "something else"}),
+            json!({}),
+        )
+        .await;
+    assert!(
+        matches!(drift, Err(JournalError::Drift { .. })),
+        "{drift:?}"
+    );
+}
+
+/// Writes under a lease another replica took over fail, and so does every write after them:
+/// a run never goes on with a journal that lost a commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failed_commit_every_write_fails() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let lease = Duration::from_secs(60);
+    let first = must(store.acquire_session("s1", "replica-1", lease).await);
+    must(store.release_lease(&first.fence()).await);
+    must(store.acquire_session("s1", "replica-2", lease).await);
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", Some(first.fence()), 0);
+    assert_eq!(record(&journal, "t1:s0:t0:started").await, Journaled::New);
+    let began = journal
+        .begin(
+            "t1",
+            "t1:s0:model",
+            EffectKind::ModelCall,
+            json!({"callIndex": 0}),
+            None,
+        )
+        .await;
+    assert!(matches!(began, Err(JournalError::Fenced(_))), "{began:?}");
+    let after = journal
+        .record(
+            "t1",
+            "t1:s0:t1:started",
+            EffectKind::Script,
+            json!({}),
+            json!({}),
+        )
+        .await;
+    assert!(matches!(after, Err(JournalError::Failed(_))), "{after:?}");
+    let flushed = journal.flush().await;
+    assert!(
+        matches!(flushed, Err(JournalError::Failed(_))),
+        "{flushed:?}"
+    );
+    assert!(list_effects(&store).await.is_empty(), "nothing was written");
+}
+
+async fn record(journal: &StoreJournal, effect_id: &str) -> Journaled {
+    match journal
+        .record(
+            "t1",
+            effect_id,
+            EffectKind::Script,
+            json!({"name": "run_js"}),
+            json!({}),
+        )
+        .await
+    {
+        Ok(journaled) => journaled,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+async fn append(journal: &StoreJournal, kind: &str) {
+    if let Err(error) = journal
+        .append_events(vec![NewEvent::new(kind, json!({})).in_turn("t1")], false)
+        .await
+    {
+        panic!("{error}");
+    }
+}
+
+fn must<T, E: std::fmt::Display>(result: Result<T, E>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+async fn list_effects(store: &Arc<dyn Store>) -> Vec<corral_store::Effect> {
+    must(store.list_effects("s1", None).await)
+}
+
+async fn events(store: &Arc<dyn Store>) -> Vec<corral_store::Event> {
+    must(store.list_events("s1", 0, 100).await)
+}
