@@ -1,5 +1,5 @@
 // The script corpus of tests/corpus under the JS host: every script must give the outcome it
-// gives under wasmtime (tests/corpus/main.rs), in a fresh session on the example catalog, and a
+// gives under wasmtime (tests/slow/corpus.rs), in a fresh session on the example catalog, and a
 // new session must still work after it.
 //
 // Fuel does not exist in a JS engine. The scripts that expect `fuel_exhausted` are run with a
@@ -15,7 +15,7 @@ const dir = new URL('../../tests/corpus/scripts/', import.meta.url)
 const files = readdirSync(dir).filter((name) => name.endsWith('.js')).sort()
 const FUEL_STANDIN_TIMEOUT_MS = 300
 
-/** The `// key: json` header lines, as tests/corpus/main.rs reads them. */
+/** The `// key: json` header lines, as tests/slow/corpus.rs reads them. */
 function parseHeader(source) {
   const header = {}
   for (const line of source.split('\n')) {

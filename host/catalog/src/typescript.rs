@@ -5,7 +5,7 @@
 //! method per capability under its JS path. Everything is emitted in a stable order.
 //!
 //! What a rendered type accepts, against what the validator ([`crate::Catalog::validate_input`])
-//! accepts (checked by the `typescript_agrees` fuzz target in `tests/fuzz`, which judges JSON
+//! accepts (checked by the `typescript_agrees` fuzz target in `tests/slow`, which judges JSON
 //! instances against the rendered TypeScript by `tsc --strict`'s rules):
 //!
 //! - **Never narrower.** Every instance the validator accepts is assignable to the rendered

@@ -1,7 +1,8 @@
 //! Fuzzing on stable Rust: structured inputs drawn with `arbitrary` from a seeded byte stream,
-//! one trial per target through libtest-mimic. (`cargo fuzz` needs a nightly toolchain, which
-//! these machines do not have; `arbitrary` is already in the lockfile, so no new dependency is
-//! built. There is no shrinking: a failure prints the seed that reproduces it.)
+//! one trial per target, named `fuzz::TARGET` (`--test slow fuzz::` runs them all; the last runs
+//! are in `fuzz/README.md`). (`cargo fuzz` needs a nightly toolchain, which these machines do not
+//! have; `arbitrary` is already in the lockfile, so no new dependency is built. There is no
+//! shrinking: a failure prints the seed that reproduces it.)
 //!
 //! Targets:
 //! - `json_boundary`: arbitrary JSON values cross the boundary both ways (a script returns
@@ -35,13 +36,13 @@ use corral_catalog::{Catalog, render_prompt, render_typescript};
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{SessionLimits, SessionOptions};
 use corral_tests::sandbox;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use serde_json::{Map, Value, json};
 
 type Target = fn(&mut Unstructured<'_>, &tokio::runtime::Runtime) -> Result<(), String>;
 
-fn main() {
-    let args = Arguments::from_args();
+/// One trial per target.
+pub fn trials() -> Vec<Trial> {
     let targets: [(&str, Target, u64); 5] = [
         ("json_boundary", json_boundary, 150),
         ("scripts", scripts, 300),
@@ -49,11 +50,14 @@ fn main() {
         ("catalog_parser", catalog_parser, 3000),
         ("typescript_agrees", typescript_agrees, 1500),
     ];
-    let trials = targets
+    targets
         .into_iter()
-        .map(|(name, target, cases)| Trial::test(name, move || run_target(name, target, cases)))
-        .collect();
-    libtest_mimic::run(&args, trials).exit();
+        .map(|(name, target, cases)| {
+            Trial::test(format!("fuzz::{name}"), move || {
+                run_target(name, target, cases)
+            })
+        })
+        .collect()
 }
 
 fn run_target(name: &str, target: Target, cases: u64) -> Result<(), Failed> {

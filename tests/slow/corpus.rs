@@ -1,5 +1,6 @@
-//! The script corpus: every file in `corpus/scripts/` is one trial. A file starts with header
-//! comments that say what to run it with and what to expect, then the script itself:
+//! The script corpus: every file in `tests/corpus/scripts/` and `tests/corpus/abuse/` is one
+//! trial, named `corpus::FOLDER::NAME` (`--test slow corpus::` runs them all). A file starts
+//! with header comments that say what to run it with and what to expect, then the script itself:
 //!
 //! ```js
 //! // expect: {"ok": true, "value": 3}
@@ -24,11 +25,11 @@ use std::sync::Arc;
 use corral_sandbox::examples::{ExampleBackend, example_catalog};
 use corral_sandbox::{InvocationContext, ScriptUser, SessionLimits, SessionOptions};
 use corral_tests::{json_contains, sandbox};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 use serde_json::Value;
 
-fn main() {
-    let args = Arguments::from_args();
+/// One trial per script of both folders.
+pub fn trials() -> Vec<Trial> {
     let mut trials = Vec::new();
     for (folder, at_least) in [("scripts", 40), ("abuse", 100)] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,12 +51,12 @@ fn main() {
         trials.extend(files.into_iter().map(|path| {
             let name = path
                 .file_stem()
-                .map(|s| format!("{folder}::{}", s.to_string_lossy()))
+                .map(|s| format!("corpus::{folder}::{}", s.to_string_lossy()))
                 .unwrap_or_default();
             Trial::test(name, move || run_trial(&path))
         }));
     }
-    libtest_mimic::run(&args, trials).exit();
+    trials
 }
 
 struct Header {
