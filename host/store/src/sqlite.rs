@@ -68,8 +68,7 @@ impl SqliteOptions {
 ///
 /// One process owns the file at a time: opening takes an exclusive `flock` on `<file>.lock`,
 /// which the kernel releases when the owner exits in any way, so a dead owner's lock never
-/// needs cleaning up. Every operation runs over one connection, on a thread the async runtime
-/// may block (see `transact`).
+/// needs cleaning up. Every operation runs on the blocking thread pool over one connection.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -440,8 +439,13 @@ impl Backend for SqliteStore {
         &self.inner.feed
     }
 
-    /// Runs `work` over the store's one connection, outside the async scheduler (the engine's
+    /// Runs `work` on the blocking thread pool over the store's one connection (the engine's
     /// futures never wait on anything but SQLite, so they are driven to completion in place).
+    ///
+    /// Running it on the calling worker instead (`block_in_place`) halved a lone durable step
+    /// (61 to 31 µs) but cost `corral serve` about 12% of its turns/s with 16 sessions (the
+    /// workers handing their tasks to other threads at every call, under one connection's
+    /// lock): measured 2026-12-06, `docs/storage.md`. The pool stays.
     async fn transact<R, F>(
         &self,
         operation: &'static str,
@@ -455,7 +459,7 @@ impl Backend for SqliteStore {
             + 'static,
     {
         let inner = Arc::clone(&self.inner);
-        let body = move || {
+        let task = tokio::task::spawn_blocking(move || {
             let mut connection = inner
                 .connection
                 .lock()
@@ -498,22 +502,10 @@ impl Backend for SqliteStore {
             }
             inner.feed.publish(&notices);
             Ok(output)
-        };
-        // On a multi-threaded runtime the transaction runs on the calling worker thread, which
-        // hands its other tasks to another thread meanwhile: no wake-up of a pool thread and of
-        // the caller per call (a durable step took 61 µs through `spawn_blocking`, 31 µs so).
-        // A current-thread runtime cannot do that, so there it goes to the blocking pool.
-        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
-            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
         });
-        if multi_thread {
-            return tokio::task::block_in_place(body);
-        }
-        tokio::task::spawn_blocking(body)
-            .await
-            .map_err(|error| StoreError::Backend {
-                operation,
-                source: Box::new(error),
-            })?
+        task.await.map_err(|error| StoreError::Backend {
+            operation,
+            source: Box::new(error),
+        })?
     }
 }
