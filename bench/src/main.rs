@@ -6,7 +6,7 @@
 //! corral-bench [--quick] [--out DIR] [--no-peers] [--no-store]
 //!              [--before BIN [--before-label TEXT]]
 //! corral-bench --rerender bench/results.json     (REPORT.md again from saved figures)
-//! corral-bench --only WORKLOAD|model-context       (one workload's figures as JSON)
+//! corral-bench --only WORKLOAD|model-context|fuel  (one workload's figures as JSON)
 //! ```
 //!
 //! `--before BIN` names a `corral-bench` built from an earlier commit: it measures the sandbox's
@@ -114,6 +114,14 @@ fn main() -> anyhow::Result<()> {
     if let Some(only) = &args.only {
         // Profiling aid: one corral workload, printed as JSON, nothing written.
         let plan = Plan { quick: args.quick };
+        if only == "fuel" {
+            let rows = runtime.block_on(async {
+                let sandbox = workloads::sandbox(true, true)?;
+                workloads::fuel_table(plan, &sandbox).await
+            })?;
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+            return Ok(());
+        }
         if only == "model-context" {
             let figures = runtime.block_on(async {
                 let sandbox = workloads::sandbox(true, true)?;

@@ -493,6 +493,13 @@ pub const FUEL_SCRIPTS: &[(&str, &str)] = &[
         "calls_1000",
         "for (let i = 0; i < 1000; i++) await tools.bench.noop({i}); return 1000",
     ),
+    (
+        "errors_1000",
+        "function f3(i) { throw new TypeError('bad input ' + i); }
+         function f2(i) { return f3(i); } function f1(i) { return f2(i); }
+         let n = 0; for (let i = 0; i < 1000; i++) { try { f1(i); } catch (e) { n += e.stack.length; } }
+         return n",
+    ),
 ];
 
 /// Fuel and time of each reference script (time: median of runs, fresh session each).
