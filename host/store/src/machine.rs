@@ -20,10 +20,9 @@ use crate::checkpoint::{Decision, TurnCheckpoint};
 use crate::engine::{self, Tx, settled, turn_active};
 use crate::error::{Entity, StoreError};
 use crate::model::{
-    Action, ActionFilter, ActionGuard, ActionStatus, ActionTransition, CheckpointWrite,
-    CommandRecord, CommitOutcome, EffectStatus, EffectTransition, ExecutorScope, Fence, Lease,
-    NewCheckpoint, NewCommand, NewEvent, NewItem, Resolution, Session, SessionCommit,
-    SessionStatus, Timestamp,
+    Action, ActionGuard, ActionStatus, ActionTransition, CheckpointWrite, CommandRecord,
+    CommitOutcome, EffectStatus, EffectTransition, ExecutorScope, Fence, Lease, NewCheckpoint,
+    NewCommand, NewEvent, NewItem, Resolution, Session, SessionCommit, SessionStatus, Timestamp,
 };
 use crate::tx::{Found, Reads};
 
@@ -277,7 +276,10 @@ pub(crate) async fn run_command<T: Tx>(
     match &command.kind {
         CommandKind::Message { .. } => {}
         CommandKind::Approve { .. } | CommandKind::Respond { .. } => reads.checkpoint = true,
-        CommandKind::Cancel { .. } => reads.effects_in = Some(EffectStatus::Invoking),
+        CommandKind::Cancel { .. } => {
+            reads.effects_in = Some(EffectStatus::Invoking);
+            reads.session_actions = true;
+        }
         CommandKind::ActionResult { action_id, .. } => {
             reads.actions = vec![action_id.as_str()];
             reads.effects = vec![action_id.as_str()];
@@ -360,9 +362,7 @@ pub(crate) async fn run_command<T: Tx>(
                 event,
             )?
         }
-        CommandKind::Cancel { reason } => {
-            cancel(tx, &mut found, &session, reason, decided_by).await?
-        }
+        CommandKind::Cancel { reason } => cancel(&mut found, &session, reason, decided_by)?,
         CommandKind::ActionResult {
             action_id,
             claim_id,
@@ -600,8 +600,7 @@ fn decide(
     Ok(Plan::Commit(Box::new(commit)))
 }
 
-async fn cancel<T: Tx>(
-    tx: &mut T,
+fn cancel(
     found: &mut Found,
     session: &Session,
     reason: Option<String>,
@@ -609,14 +608,10 @@ async fn cancel<T: Tx>(
 ) -> Result<Plan, StoreError> {
     let mut commit = SessionCommit::new(&session.id);
     if let Some(turn) = &session.active_turn_id {
-        let filter = ActionFilter {
-            session_id: Some(session.id.clone()),
-            statuses: vec![ActionStatus::Pending, ActionStatus::Claimed],
-            ..ActionFilter::default()
-        };
         let mut touched = BTreeSet::new();
-        for action in tx.list_actions(&filter).await? {
-            if action.turn_id != *turn {
+        for action in std::mem::take(&mut found.session_actions) {
+            let open = matches!(action.status, ActionStatus::Pending | ActionStatus::Claimed);
+            if !open || action.turn_id != *turn {
                 continue;
             }
             let (to, effect_to, error) = if action.status == ActionStatus::Claimed {
@@ -646,7 +641,9 @@ async fn cancel<T: Tx>(
                 )
                 .with_error(error),
             );
-            touched.insert(action.action_id);
+            touched.insert(action.action_id.clone());
+            // Read already: the commit guards it without reading it again.
+            found.actions.insert(action.action_id.clone(), Some(action));
         }
         for effect in std::mem::take(&mut found.in_status) {
             if effect.turn_id == *turn && !touched.contains(&effect.effect_id) {

@@ -34,6 +34,8 @@ pub(crate) enum Fetched {
     Checkpoint(Checkpoint),
     /// One of the session's effects in [`Reads::effects_in`].
     InStatus(Effect),
+    /// One of the session's actions ([`Reads::session_actions`]).
+    SessionAction(Action),
 }
 
 /// Reads a transaction makes together, about one session, after locking it if asked: they do
@@ -54,6 +56,8 @@ pub(crate) struct Reads<'a> {
     pub(crate) checkpoint: bool,
     /// The session's effects in this status.
     pub(crate) effects_in: Option<EffectStatus>,
+    /// All of the session's actions.
+    pub(crate) session_actions: bool,
 }
 
 impl<'a> Reads<'a> {
@@ -109,6 +113,19 @@ impl<'a> Reads<'a> {
                 decode: |row| sql::decode_effect(row).map(Fetched::InStatus),
             });
         }
+        if self.session_actions {
+            queries.push(Query {
+                operation: "list actions",
+                sql: sql::LIST_ACTIONS,
+                params: args![
+                    Some(self.session_id),
+                    None::<&str>,
+                    None::<&str>,
+                    None::<&str>
+                ],
+                decode: |row| sql::decode_action(row).map(Fetched::SessionAction),
+            });
+        }
         queries
     }
 }
@@ -127,6 +144,8 @@ pub(crate) struct Found {
     pub(crate) checkpoint: Option<Checkpoint>,
     /// The session's effects in [`Reads::effects_in`].
     pub(crate) in_status: Vec<Effect>,
+    /// The session's actions, when [`Reads::session_actions`] asked for them.
+    pub(crate) session_actions: Vec<Action>,
 }
 
 impl Found {
@@ -153,6 +172,7 @@ impl Found {
                 }
                 Fetched::Checkpoint(checkpoint) => found.checkpoint = Some(checkpoint),
                 Fetched::InStatus(effect) => found.in_status.push(effect),
+                Fetched::SessionAction(action) => found.session_actions.push(action),
             }
         }
         found
