@@ -87,6 +87,9 @@ struct Inner {
 /// How often the background connection copies the WAL into the database file.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 
+/// Prepared statements kept per connection: more than `sql.rs` holds.
+const STATEMENT_CACHE: usize = 128;
+
 /// WAL pages after which a commit checkpoints by itself: only reached if the background
 /// checkpointer falls far behind.
 const AUTOCHECKPOINT_PAGES: i64 = 20_000;
@@ -160,6 +163,9 @@ impl SqliteStore {
         connection
             .pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)
             .map_err(sqlite("configure"))?;
+        // Every statement of sql.rs stays prepared: rusqlite keeps 16 by default, fewer than
+        // the store uses, so the least recent were parsed again and again.
+        connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrate(&mut connection, &path)?;
         let checkpointer = spawn_checkpointer(&path)?;
         Ok(Self {
