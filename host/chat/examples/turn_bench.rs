@@ -152,7 +152,13 @@ impl Bench {
         Ok(Input {
             model: Arc::new(ScriptedModel::from_json_str(&replies.to_string())?),
             limits: ModelLimits::default(),
-            store: Arc::new(StoreJournal::new(Arc::clone(store), session, None, 0)),
+            store: Arc::new(StoreJournal::new(
+                Arc::clone(store),
+                session,
+                format!("{session}:t1"),
+                None,
+                0,
+            )),
             turn_id: format!("{session}:t1"),
             message: "go".into(),
             max_steps: 8,
@@ -203,7 +209,7 @@ impl Bench {
         self.session(store, id).await?;
         let mut input = self.input(store, id, TWO_CALLS)?;
         let timed = Arc::new(Timed {
-            inner: StoreJournal::new(Arc::clone(store), id, None, 0),
+            inner: StoreJournal::new(Arc::clone(store), id, format!("{id}:t1"), None, 0),
             nanos: AtomicU64::new(0),
         });
         input.store = Arc::clone(&timed) as Arc<dyn ConversationStore>;

@@ -139,10 +139,12 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
 
 /// [`ConversationStore`] over a `corral_store::Store` session, optionally under a lease.
 ///
-/// It reads the session's journal once, on first use, and answers every later question about
-/// it (`lookup`, `record` of an entry already journaled, `completed_with_prefix`) from that
-/// copy, kept up to date with its own writes: the run holds the session's lease, so nothing
-/// else adds to the journal meanwhile.
+/// It journals one turn. It reads that turn's entries once, on first use (with the count of the
+/// session's model calls in other turns), and answers every later question about them
+/// (`lookup`, `record` of an entry already journaled, `completed_with_prefix`) from that copy,
+/// kept up to date with its own writes: the run holds the session's lease, so nothing else adds
+/// to the journal meanwhile. Effect ids begin with their turn's id, so no entry of the turn can
+/// be among those it does not read, and a long session's run does not read its whole past.
 ///
 /// Writes go to the store in as few commits as the journal's promise allows. Entries that are
 /// complete at once (`record`) and events (`append_events`, from the runtime's sink) are held
@@ -156,6 +158,7 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
 pub struct StoreJournal {
     store: Arc<dyn Store>,
     session_id: String,
+    turn_id: String,
     fence: Option<Fence>,
     segment: u64,
     known: tokio::sync::OnceCell<Mutex<Known>>,
@@ -164,11 +167,13 @@ pub struct StoreJournal {
     committing: tokio::sync::Mutex<()>,
 }
 
-/// The session's journal entries, in journal order.
+/// The turn's journal entries, in journal order.
 #[derive(Debug, Default)]
 struct Known {
     order: Vec<String>,
     effects: HashMap<String, Effect>,
+    /// The session's model calls in other turns.
+    model_calls_elsewhere: u64,
 }
 
 impl Known {
@@ -208,17 +213,19 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl StoreJournal {
-    /// The conversation of `session_id`, written under `fence` when set. `segment` is the live
-    /// checkpoint's segment (a suspension rewrites it).
+    /// The journal of `turn_id` in the conversation of `session_id`, written under `fence` when
+    /// set. `segment` is the live checkpoint's segment (a suspension rewrites it).
     pub fn new(
         store: Arc<dyn Store>,
         session_id: impl Into<String>,
+        turn_id: impl Into<String>,
         fence: Option<Fence>,
         segment: u64,
     ) -> Self {
         StoreJournal {
             store,
             session_id: session_id.into(),
+            turn_id: turn_id.into(),
             fence,
             segment,
             known: tokio::sync::OnceCell::new(),
@@ -239,12 +246,19 @@ impl StoreJournal {
         }
     }
 
-    /// The session's journal, read on first use.
+    /// The turn's journal, read on first use.
     async fn known(&self) -> Result<&Mutex<Known>, JournalError> {
         self.known
             .get_or_try_init(|| async {
-                let mut known = Known::default();
-                for effect in self.store.list_effects(&self.session_id, None).await? {
+                let turn = self
+                    .store
+                    .turn_effects(&self.session_id, &self.turn_id)
+                    .await?;
+                let mut known = Known {
+                    model_calls_elsewhere: turn.model_calls_elsewhere,
+                    ..Known::default()
+                };
+                for effect in turn.effects {
                     known.add(effect);
                 }
                 Ok::<_, JournalError>(Mutex::new(known))
@@ -404,12 +418,12 @@ impl ConversationStore for StoreJournal {
     }
 
     async fn model_calls_before(&self, turn_id: &str) -> Result<u64, JournalError> {
-        let known = lock(self.known().await?);
-        Ok(known
-            .effects
-            .values()
-            .filter(|e| e.kind == EffectKind::ModelCall && e.turn_id != turn_id)
-            .count() as u64)
+        if turn_id != self.turn_id {
+            // Not the turn this journal reads: ask the store.
+            let turn = self.store.turn_effects(&self.session_id, turn_id).await?;
+            return Ok(turn.model_calls_elsewhere);
+        }
+        Ok(lock(self.known().await?).model_calls_elsewhere)
     }
 
     async fn begin(

@@ -394,6 +394,7 @@ impl Chat {
             store: Arc::new(StoreJournal::new(
                 Arc::clone(&self.store),
                 self.session_id.clone(),
+                turn_id,
                 None,
                 0,
             )),

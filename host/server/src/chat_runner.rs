@@ -436,6 +436,7 @@ impl TurnRunner for ChatTurnRunner {
         let journal = Arc::new(StoreJournal::new(
             Arc::clone(&job.store),
             job.session.id.clone(),
+            job.turn_id.clone(),
             Some(job.fence.clone()),
             job.segment,
         ));

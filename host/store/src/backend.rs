@@ -20,7 +20,7 @@ use crate::model::{
     ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
     Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
     RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
-    SessionStatus, StoreBackend,
+    SessionStatus, StoreBackend, TurnEffects,
 };
 use crate::store::Store;
 
@@ -218,6 +218,19 @@ impl<B: Backend> Store for B {
             tx,
             &session_id,
             status
+        ))
+    }
+
+    async fn turn_effects(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<TurnEffects, StoreError> {
+        let (session_id, turn_id) = (session_id.to_owned(), turn_id.to_owned());
+        run!(self, "turn_effects", false, |tx| engine::turn_effects(
+            tx,
+            &session_id,
+            &turn_id
         ))
     }
 

@@ -17,10 +17,10 @@ use crate::feed::Notice;
 use crate::model::{
     Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
     BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
-    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
+    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectKind, EffectStatus, Event, Fence,
     HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewEffect, NewEvent, NewSession,
     RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
-    SessionOwner, SessionStatus, Timestamp,
+    SessionOwner, SessionStatus, Timestamp, TurnEffects,
 };
 pub(crate) use crate::tx::Tx;
 use crate::tx::{Found, Reads};
@@ -677,16 +677,20 @@ pub(crate) async fn list_events<T: Tx>(
     limit: usize,
 ) -> Result<Vec<Event>, StoreError> {
     let limit = require_page(limit)?;
-    let session = existing_session(tx, session_id).await?;
-    if after > session.last_cursor {
+    // A cursor beyond what the database holds is beyond the session's last one too.
+    let (last, events) = tx
+        .cursor_and_events_after(session_id, i64::try_from(after).unwrap_or(i64::MAX), limit)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Session, session_id))?;
+    let last = u64::try_from(last).unwrap_or(0);
+    if after > last {
         return Err(StoreError::InvalidCursor {
             session_id: session_id.to_owned(),
             cursor: after,
-            last: session.last_cursor,
+            last,
         });
     }
-    tx.events_after(session_id, db_int("cursor", after)?, limit)
-        .await
+    Ok(events)
 }
 
 pub(crate) async fn page_items<T: Tx>(
@@ -832,6 +836,16 @@ pub(crate) async fn list_effects<T: Tx>(
 ) -> Result<Vec<Effect>, StoreError> {
     existing_session(tx, session_id).await?;
     tx.session_effects(session_id, status).await
+}
+
+pub(crate) async fn turn_effects<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    turn_id: &str,
+) -> Result<TurnEffects, StoreError> {
+    tx.turn_effects(session_id, turn_id, EffectKind::ModelCall)
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Session, session_id))
 }
 
 /// Every effect in `changed` (the session's [`EffectStatus::Invoking`] ones) becomes uncertain

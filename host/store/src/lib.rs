@@ -95,7 +95,7 @@ pub use model::{
     HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent, NewCheckpoint,
     NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution, RetentionPolicy,
     RetentionReport, Session, SessionCommit, SessionCount, SessionFilter, SessionOwner,
-    SessionPatch, SessionStatus, StoreBackend, Timestamp,
+    SessionPatch, SessionStatus, StoreBackend, Timestamp, TurnEffects,
 };
 pub use postgres::{PostgresConfig, PostgresHost, PostgresOptions, PostgresStore};
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};

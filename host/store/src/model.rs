@@ -618,6 +618,16 @@ impl Effect {
     }
 }
 
+/// What a run of one turn needs of the journal ([`crate::Store::turn_effects`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct TurnEffects {
+    /// The turn's effects, in journal order.
+    pub effects: Vec<Effect>,
+    /// How many model calls the session's other turns journaled.
+    pub model_calls_elsewhere: u64,
+}
+
 /// An effect to journal.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

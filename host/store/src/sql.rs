@@ -231,6 +231,8 @@ pub(crate) const STATUS_COUNTS: Sql = sql!(
 /// Without a lock: the embedded store's write transaction already excludes every other.
 pub(crate) const CLAIMABLE: Sql = sql!("SELECT ", session_columns!(), claimable!("$1"));
 /// A page of sessions by id; `$4` is a comma-separated list of statuses (empty: any).
+pub(crate) const SESSION_CURSOR: Sql =
+    sql!("SELECT last_cursor FROM corral_sessions WHERE id = $1");
 pub(crate) const SESSIONS_PAGE: Sql = Sql {
     postgres: concat!(
         "SELECT ",
@@ -352,6 +354,14 @@ pub(crate) const INSERT_EFFECT: Sql = sql!(
 pub(crate) const UPDATE_EFFECT: Sql = sql!(
     "UPDATE corral_effects SET status = $2, result = $3, error = $4, updated_at = $5 \
      WHERE effect_id = $1"
+);
+pub(crate) const TURN_EFFECTS: Sql = sql!(
+    "SELECT ",
+    effect_columns!(),
+    " FROM corral_effects WHERE session_id = $1 AND turn_id = $2 ORDER BY created_at, effect_id"
+);
+pub(crate) const EFFECTS_OF_KIND_BEFORE: Sql = sql!(
+    "SELECT count(*) FROM corral_effects WHERE session_id = $1 AND turn_id <> $2 AND kind = $3"
 );
 pub(crate) const SESSION_EFFECTS: Sql = sql!(
     "SELECT ",

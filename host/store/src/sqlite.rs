@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use rusqlite::config::DbConfig;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, ToSql, TransactionBehavior, params, params_from_iter};
 
@@ -166,6 +167,12 @@ impl SqliteStore {
         // Every statement of sql.rs stays prepared: rusqlite keeps 16 by default, fewer than
         // the store uses, so the least recent were parsed again and again.
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // A plan that does not depend on the values bound: without it, a statement with a bound
+        // `LIMIT` (the pages of events and items) is planned again at every run, since SQLite
+        // marks a bound integer it might fold as one whose new value expires the plan.
+        connection
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+            .map_err(sqlite("configure"))?;
         migrate(&mut connection, &path)?;
         let checkpointer = spawn_checkpointer(&path)?;
         Ok(Self {

@@ -13,7 +13,7 @@ use crate::model::{
     ClaimAction, ClaimedAction, CommandRecord, CommitOutcome, CreatedSession, Effect, EffectStatus,
     Event, Fence, HeartbeatAction, ItemPage, Lease, NewAgent, NewEvent, NewSession,
     RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
-    SessionStatus, StoreBackend,
+    SessionStatus, StoreBackend, TurnEffects,
 };
 
 /// Everything durable in corral, behind one interface.
@@ -145,6 +145,16 @@ pub trait Store: Send + Sync + fmt::Debug {
         session_id: &str,
         status: Option<EffectStatus>,
     ) -> Result<Vec<Effect>, StoreError>;
+
+    /// What a run of `turn_id` needs of the journal, in one read: the turn's effects in journal
+    /// order, and how many model calls the session's other turns journaled. It reads the turn's
+    /// entries only (effect ids are the turn's), so a long session's run does not read its whole
+    /// past. [`StoreError::NotFound`] if the session is unknown.
+    async fn turn_effects(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+    ) -> Result<TurnEffects, StoreError>;
 
     /// The action `action_id`; [`StoreError::NotFound`] if unknown.
     async fn get_action(&self, action_id: &str) -> Result<Action, StoreError>;

@@ -11,8 +11,9 @@ use crate::engine::{BATCH, counter, status_list};
 use crate::error::{Entity, StoreError};
 use crate::feed::Notice;
 use crate::model::{
-    Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectStatus, Event,
-    Item, NewAgent, NewCheckpoint, Session, SessionCount, SessionFilter, SessionStatus, Timestamp,
+    Action, ActionFilter, AgentDefinition, Checkpoint, CommandRecord, Effect, EffectKind,
+    EffectStatus, Event, Item, NewAgent, NewCheckpoint, Session, SessionCount, SessionFilter,
+    SessionStatus, Timestamp, TurnEffects,
 };
 use crate::sql::{self, Param, Row, Sql, args};
 
@@ -176,6 +177,25 @@ impl Found {
             }
         }
         found
+    }
+}
+
+/// A row of the reads that list a session's events or a turn's effects.
+pub(crate) enum Listed {
+    /// The session's last event cursor: the session exists.
+    Cursor(i64),
+    Event(Event),
+    Effect(Effect),
+    Count(i64),
+}
+
+/// The session's last event cursor, as the first query of a listing.
+fn cursor_query(session_id: &str) -> Query<'_, Listed> {
+    Query {
+        operation: "read a session's cursor",
+        sql: sql::SESSION_CURSOR,
+        params: args![session_id],
+        decode: |row| row.int(0).map(Listed::Cursor),
     }
 }
 
@@ -483,6 +503,39 @@ pub(crate) trait Tx: Send {
         }
     }
 
+    /// The session's last event cursor and the events after `after` (at most `limit`), in one
+    /// round trip; `None` when the session does not exist.
+    fn cursor_and_events_after(
+        &mut self,
+        session_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Option<(i64, Vec<Event>)>, StoreError>> + Send {
+        async move {
+            let queries = vec![
+                cursor_query(session_id),
+                Query {
+                    operation: "list events",
+                    sql: sql::EVENTS_AFTER,
+                    params: args![session_id, after, limit],
+                    decode: |row| sql::decode_event(row).map(Listed::Event),
+                },
+            ];
+            let mut found = self.query(queries).await?.into_iter();
+            let Some(Listed::Cursor(last)) = found.next().unwrap_or_default().pop() else {
+                return Ok(None);
+            };
+            let events = found
+                .flatten()
+                .filter_map(|row| match row {
+                    Listed::Event(event) => Some(event),
+                    _ => None,
+                })
+                .collect();
+            Ok(Some((last, events)))
+        }
+    }
+
     fn events_after(
         &mut self,
         session_id: &str,
@@ -615,6 +668,48 @@ pub(crate) trait Tx: Send {
             params,
             sql::decode_effect,
         )
+    }
+
+    /// The effects of `turn_id` and how many effects of `kind` the session's other turns
+    /// journaled, in one round trip; `None` when the session does not exist.
+    fn turn_effects(
+        &mut self,
+        session_id: &str,
+        turn_id: &str,
+        kind: EffectKind,
+    ) -> impl Future<Output = Result<Option<TurnEffects>, StoreError>> + Send {
+        async move {
+            let queries = vec![
+                cursor_query(session_id),
+                Query {
+                    operation: "list a turn's effects",
+                    sql: sql::TURN_EFFECTS,
+                    params: args![session_id, turn_id],
+                    decode: |row| sql::decode_effect(row).map(Listed::Effect),
+                },
+                Query {
+                    operation: "count the other turns' effects",
+                    sql: sql::EFFECTS_OF_KIND_BEFORE,
+                    params: args![session_id, turn_id, kind.as_str()],
+                    decode: |row| row.int(0).map(Listed::Count),
+                },
+            ];
+            let mut found = self.query(queries).await?.into_iter();
+            if found.next().unwrap_or_default().is_empty() {
+                return Ok(None);
+            }
+            let mut turn = TurnEffects::default();
+            for row in found.flatten() {
+                match row {
+                    Listed::Effect(effect) => turn.effects.push(effect),
+                    Listed::Count(count) => {
+                        turn.model_calls_elsewhere = u64::try_from(count).unwrap_or(0);
+                    }
+                    Listed::Cursor(_) | Listed::Event(_) => {}
+                }
+            }
+            Ok(Some(turn))
+        }
     }
 
     fn action(

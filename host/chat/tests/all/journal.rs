@@ -53,7 +53,7 @@ async fn a_turn_of_two_calls_takes_at_most_ten_store_transactions() {
 async fn a_held_entry_and_its_event_are_committed_together_or_not_at_all() {
     let dir = dir();
     let store = open_store(dir.path()).await;
-    let dead = StoreJournal::new(Arc::clone(&store), "s1", None, 0);
+    let dead = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
     let recorded = record(&dead, "t1:s0:t0:started").await;
     assert_eq!(recorded, Journaled::New);
     append(&dead, "tool.started").await;
@@ -69,7 +69,7 @@ async fn a_held_entry_and_its_event_are_committed_together_or_not_at_all() {
     );
     assert!(events(&store).await.is_empty());
 
-    let journal = StoreJournal::new(Arc::clone(&store), "s1", None, 0);
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
     assert_eq!(record(&journal, "t1:s0:t0:started").await, Journaled::New);
     append(&journal, "tool.started").await;
     let began = journal
@@ -132,7 +132,7 @@ async fn after_a_failed_commit_every_write_fails() {
     let first = must(store.acquire_session("s1", "replica-1", lease).await);
     must(store.release_lease(&first.fence()).await);
     must(store.acquire_session("s1", "replica-2", lease).await);
-    let journal = StoreJournal::new(Arc::clone(&store), "s1", Some(first.fence()), 0);
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", "t1", Some(first.fence()), 0);
     assert_eq!(record(&journal, "t1:s0:t0:started").await, Journaled::New);
     let began = journal
         .begin(

@@ -204,7 +204,7 @@ impl Parts {
         Input {
             model: self.model.clone(),
             limits: ModelLimits::default(),
-            store: Arc::new(StoreJournal::new(Arc::clone(store), "s1", None, 0)),
+            store: Arc::new(StoreJournal::new(Arc::clone(store), "s1", turn, None, 0)),
             turn_id: turn.to_string(),
             message: message.to_string(),
             max_steps: 8,

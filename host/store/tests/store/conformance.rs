@@ -73,6 +73,7 @@ conformance!(
     commands_replay_their_first_response_and_reject_another_body,
     effects_begin_once_and_move_only_under_their_guards,
     a_commit_journals_new_effects_with_its_events_or_not_at_all,
+    a_turn_reads_only_its_own_effects_and_counts_the_other_model_calls,
     a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain,
     actions_are_claimed_heartbeated_and_completed_under_their_generation,
     expired_action_claims_become_uncertain,
@@ -768,6 +769,58 @@ async fn effects_begin_once_and_move_only_under_their_guards(f: &Fixture) -> any
             .list_effects("s1", Some(EffectStatus::Invoking))
             .await?
             .is_empty()
+    );
+    Ok(())
+}
+
+async fn a_turn_reads_only_its_own_effects_and_counts_the_other_model_calls(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    session(store, "s2").await?;
+    let script = |id: &str, turn: &str| {
+        NewEffect::new(
+            id,
+            turn,
+            EffectKind::Script,
+            EffectStatus::Invoking,
+            json!({}),
+        )
+    };
+    for (session_id, effect) in [
+        ("s1", model_call("t1:s0:model", "t1", json!({}))),
+        ("s1", script("t1:s0:t0", "t1")),
+        ("s1", model_call("t1:s1:model", "t1", json!({}))),
+        ("s1", model_call("t2:s0:model", "t2", json!({}))),
+        ("s1", script("t2:s0:t0", "t2")),
+        // Another session's turn of the same id is not this session's.
+        ("s2", model_call("s2:t2:s0:model", "t2", json!({}))),
+    ] {
+        store
+            .begin_effect(BeginEffect::new(session_id, effect))
+            .await?;
+    }
+    let second = store.turn_effects("s1", "t2").await?;
+    let ids: Vec<&str> = second
+        .effects
+        .iter()
+        .map(|e| e.effect_id.as_str())
+        .collect();
+    ensure!(ids == ["t2:s0:model", "t2:s0:t0"], "turn t2 read {ids:?}");
+    ensure!(second.model_calls_elsewhere == 2, "{second:?}");
+    let first = store.turn_effects("s1", "t1").await?;
+    ensure!(first.effects.len() == 3 && first.model_calls_elsewhere == 1);
+    let fresh = store.turn_effects("s1", "t3").await?;
+    ensure!(fresh.effects.is_empty() && fresh.model_calls_elsewhere == 3);
+    let other = store.turn_effects("s2", "t2").await?;
+    ensure!(other.effects.len() == 1 && other.model_calls_elsewhere == 0);
+    expect_err!(
+        store.turn_effects("nope", "t1").await,
+        StoreError::NotFound {
+            entity: Entity::Session,
+            ..
+        }
     );
     Ok(())
 }

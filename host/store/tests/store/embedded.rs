@@ -351,7 +351,7 @@ fn the_file_is_in_wal_mode_with_prefixed_objects() -> anyhow::Result<()> {
         .prepare("SELECT version FROM corral_schema_migrations ORDER BY version")?
         .query_map([], |row| row.get(0))?
         .collect::<Result<_, _>>()?;
-    ensure!(versions == [1, 2], "applied migrations {versions:?}");
+    ensure!(versions == [1, 2, 3], "applied migrations {versions:?}");
     drop(connection);
     SqliteStore::open(&path).context("reopening applies nothing twice")?;
     Ok(())
@@ -368,7 +368,7 @@ fn a_newer_schema_is_refused() -> anyhow::Result<()> {
     match SqliteStore::open(&path) {
         Err(OpenStoreError::SchemaTooNew {
             found: 99,
-            supported: 2,
+            supported: 3,
         }) => Ok(()),
         other => bail!("expected SchemaTooNew, got {other:?}"),
     }
