@@ -493,25 +493,31 @@ impl Catalog {
     /// that collides with one here is refused. The validators already compiled are shared;
     /// only `extra`'s are compiled.
     pub fn with_capabilities(&self, extra: Vec<Capability>) -> Result<Catalog, LoadCatalogError> {
-        let added = Catalog::new(extra)?;
+        self.with_catalog(&Catalog::new(extra)?)
+    }
+
+    /// This catalog with the capabilities of `extra` appended, as
+    /// [`Catalog::with_capabilities`] does, sharing `extra`'s compiled validators: a host that
+    /// appends the same built-ins to every catalog compiles them once.
+    pub fn with_catalog(&self, extra: &Catalog) -> Result<Catalog, LoadCatalogError> {
         let mut all = Catalog {
             capabilities: self.capabilities.clone(),
             validators: self.validators.clone(),
             index_by_id: self.index_by_id.clone(),
             index_by_path: OnceLock::new(),
         };
-        for (capability, validator) in added.capabilities.into_iter().zip(added.validators) {
+        for (capability, validator) in extra.capabilities.iter().zip(&extra.validators) {
             if let Some(&first) = all.index_by_id.get(&capability.id) {
                 return Err(LoadCatalogError::DuplicateId {
-                    id: capability.id,
+                    id: capability.id.clone(),
                     first,
                     second: all.capabilities.len(),
                 });
             }
             all.index_by_id
                 .insert(capability.id.clone(), all.capabilities.len());
-            all.capabilities.push(capability);
-            all.validators.push(validator);
+            all.capabilities.push(capability.clone());
+            all.validators.push(Arc::clone(validator));
         }
         let bindable = vec![true; all.capabilities.len()];
         match check_bindings(&all.capabilities, &bindable)

@@ -17,6 +17,8 @@
 //! The `$` prefix keeps them apart from catalog capabilities: a catalog that binds a name the
 //! runtime needs is refused when the run starts.
 
+use std::sync::OnceLock;
+
 use corral_catalog::{Capability, Catalog, LoadCatalogError};
 use corral_sandbox::{Invocation, InvokeCapabilityError, ToolResult};
 use serde_json::{Value, json};
@@ -80,9 +82,18 @@ fn capabilities() -> Vec<Capability> {
     vec![result, search, describe]
 }
 
-/// What scripts are bound to: `catalog` and the runtime's functions.
+/// What scripts are bound to: `catalog` and the runtime's functions (compiled once per
+/// process, and shared by every run's catalog).
 pub(crate) fn script_catalog(catalog: &Catalog) -> Result<Catalog, LoadCatalogError> {
-    catalog.with_capabilities(capabilities())
+    static RUNTIME: OnceLock<Catalog> = OnceLock::new();
+    let runtime = match RUNTIME.get() {
+        Some(runtime) => runtime,
+        None => {
+            let compiled = Catalog::new(capabilities())?;
+            RUNTIME.get_or_init(|| compiled)
+        }
+    };
+    catalog.with_catalog(runtime)
 }
 
 /// Whether `capability_id` is a runtime function answered from the journal without an entry of
