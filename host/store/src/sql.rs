@@ -230,9 +230,10 @@ pub(crate) const STATUS_COUNTS: Sql = sql!(
 );
 /// Without a lock: the embedded store's write transaction already excludes every other.
 pub(crate) const CLAIMABLE: Sql = sql!("SELECT ", session_columns!(), claimable!("$1"));
-/// A page of sessions by id; `$4` is a comma-separated list of statuses (empty: any).
+/// The session's last event cursor (a page of events checks its `after` against it).
 pub(crate) const SESSION_CURSOR: Sql =
     sql!("SELECT last_cursor FROM corral_sessions WHERE id = $1");
+/// A page of sessions by id; `$4` is a comma-separated list of statuses (empty: any).
 pub(crate) const SESSIONS_PAGE: Sql = Sql {
     postgres: concat!(
         "SELECT ",
