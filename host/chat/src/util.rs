@@ -7,8 +7,9 @@ use sha2::{Digest, Sha256};
 /// ASCII-escaped): equal values always give equal text.
 pub fn canonical_json(value: &Value) -> String {
     let mut text = Vec::new();
-    write_canonical(&mut text, value);
-    // Only serde_json's own output and ASCII punctuation went in.
+    // Writing to a Vec cannot fail, and only serde_json's own output and ASCII punctuation go
+    // in.
+    let _ = write_canonical(&mut text, value);
     String::from_utf8(text).unwrap_or_default()
 }
 
@@ -16,40 +17,40 @@ pub fn canonical_json(value: &Value) -> String {
 /// value, no text: a model request carries the whole conversation).
 pub fn sha256_json(value: &Value) -> String {
     let mut hasher = HashWriter(Sha256::new());
-    write_canonical(&mut hasher, value);
+    // Writing to the hasher cannot fail.
+    let _ = write_canonical(&mut hasher, value);
     hex(&hasher.0.finalize())
 }
 
 /// Writes `value`'s canonical JSON: keys sorted, scalars and keys as serde_json writes them.
-fn write_canonical(out: &mut impl std::io::Write, value: &Value) {
-    // Writing to a Vec or a hasher cannot fail, and a Value always serializes.
-    let _ = match value {
+fn write_canonical(out: &mut impl std::io::Write, value: &Value) -> std::io::Result<()> {
+    match value {
         Value::Object(map) => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            let _ = out.write_all(b"{");
+            out.write_all(b"{")?;
             for (index, (key, value)) in entries.into_iter().enumerate() {
                 if index > 0 {
-                    let _ = out.write_all(b",");
+                    out.write_all(b",")?;
                 }
-                let _ = serde_json::to_writer(&mut *out, key);
-                let _ = out.write_all(b":");
-                write_canonical(out, value);
+                serde_json::to_writer(&mut *out, key)?;
+                out.write_all(b":")?;
+                write_canonical(out, value)?;
             }
             out.write_all(b"}")
         }
         Value::Array(items) => {
-            let _ = out.write_all(b"[");
+            out.write_all(b"[")?;
             for (index, item) in items.iter().enumerate() {
                 if index > 0 {
-                    let _ = out.write_all(b",");
+                    out.write_all(b",")?;
                 }
-                write_canonical(out, item);
+                write_canonical(out, item)?;
             }
             out.write_all(b"]")
         }
-        scalar => serde_json::to_writer(&mut *out, scalar).map_err(std::io::Error::from),
-    };
+        scalar => Ok(serde_json::to_writer(&mut *out, scalar)?),
+    }
 }
 
 /// An `io::Write` that feeds a SHA-256.

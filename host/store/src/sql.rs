@@ -361,7 +361,7 @@ pub(crate) const TURN_EFFECTS: Sql = sql!(
     effect_columns!(),
     " FROM corral_effects WHERE session_id = $1 AND turn_id = $2 ORDER BY created_at, effect_id"
 );
-pub(crate) const EFFECTS_OF_KIND_BEFORE: Sql = sql!(
+pub(crate) const EFFECTS_OF_KIND_ELSEWHERE: Sql = sql!(
     "SELECT count(*) FROM corral_effects WHERE session_id = $1 AND turn_id <> $2 AND kind = $3"
 );
 pub(crate) const SESSION_EFFECTS: Sql = sql!(

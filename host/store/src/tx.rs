@@ -180,23 +180,13 @@ impl Found {
     }
 }
 
-/// A row of the reads that list a session's events or a turn's effects.
+/// A row of a [`Tx::listing`]: the reads that list a session's events or a turn's effects.
 pub(crate) enum Listed {
     /// The session's last event cursor: the session exists.
     Cursor(i64),
     Event(Event),
     Effect(Effect),
     Count(i64),
-}
-
-/// The session's last event cursor, as the first query of a listing.
-fn cursor_query(session_id: &str) -> Query<'_, Listed> {
-    Query {
-        operation: "read a session's cursor",
-        sql: sql::SESSION_CURSOR,
-        params: args![session_id],
-        decode: |row| row.int(0).map(Listed::Cursor),
-    }
 }
 
 /// The session's owner as two nullable columns.
@@ -503,6 +493,31 @@ pub(crate) trait Tx: Send {
         }
     }
 
+    /// Runs `queries` after a read of the session's last event cursor, in one round trip: the
+    /// cursor and the rows of `queries`; `None` when the session does not exist.
+    fn listing(
+        &mut self,
+        session_id: &str,
+        queries: Vec<Query<'_, Listed>>,
+    ) -> impl Future<Output = Result<Option<(i64, Vec<Listed>)>, StoreError>> + Send {
+        async move {
+            let cursor = Query {
+                operation: "read a session's cursor",
+                sql: sql::SESSION_CURSOR,
+                params: args![session_id],
+                decode: |row| row.int(0).map(Listed::Cursor),
+            };
+            let mut found = self
+                .query(std::iter::once(cursor).chain(queries).collect())
+                .await?
+                .into_iter();
+            let Some(Listed::Cursor(last)) = found.next().unwrap_or_default().pop() else {
+                return Ok(None);
+            };
+            Ok(Some((last, found.flatten().collect())))
+        }
+    }
+
     /// The session's last event cursor and the events after `after` (at most `limit`), in one
     /// round trip; `None` when the session does not exist.
     fn cursor_and_events_after(
@@ -512,21 +527,17 @@ pub(crate) trait Tx: Send {
         limit: i64,
     ) -> impl Future<Output = Result<Option<(i64, Vec<Event>)>, StoreError>> + Send {
         async move {
-            let queries = vec![
-                cursor_query(session_id),
-                Query {
-                    operation: "list events",
-                    sql: sql::EVENTS_AFTER,
-                    params: args![session_id, after, limit],
-                    decode: |row| sql::decode_event(row).map(Listed::Event),
-                },
-            ];
-            let mut found = self.query(queries).await?.into_iter();
-            let Some(Listed::Cursor(last)) = found.next().unwrap_or_default().pop() else {
+            let events = Query {
+                operation: "list events",
+                sql: sql::EVENTS_AFTER,
+                params: args![session_id, after, limit],
+                decode: |row| sql::decode_event(row).map(Listed::Event),
+            };
+            let Some((last, rows)) = self.listing(session_id, vec![events]).await? else {
                 return Ok(None);
             };
-            let events = found
-                .flatten()
+            let events = rows
+                .into_iter()
                 .filter_map(|row| match row {
                     Listed::Event(event) => Some(event),
                     _ => None,
@@ -680,7 +691,6 @@ pub(crate) trait Tx: Send {
     ) -> impl Future<Output = Result<Option<TurnEffects>, StoreError>> + Send {
         async move {
             let queries = vec![
-                cursor_query(session_id),
                 Query {
                     operation: "list a turn's effects",
                     sql: sql::TURN_EFFECTS,
@@ -689,17 +699,16 @@ pub(crate) trait Tx: Send {
                 },
                 Query {
                     operation: "count the other turns' effects",
-                    sql: sql::EFFECTS_OF_KIND_BEFORE,
+                    sql: sql::EFFECTS_OF_KIND_ELSEWHERE,
                     params: args![session_id, turn_id, kind.as_str()],
                     decode: |row| row.int(0).map(Listed::Count),
                 },
             ];
-            let mut found = self.query(queries).await?.into_iter();
-            if found.next().unwrap_or_default().is_empty() {
+            let Some((_, rows)) = self.listing(session_id, queries).await? else {
                 return Ok(None);
-            }
+            };
             let mut turn = TurnEffects::default();
-            for row in found.flatten() {
+            for row in rows {
                 match row {
                     Listed::Effect(effect) => turn.effects.push(effect),
                     Listed::Count(count) => {
