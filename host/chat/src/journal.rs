@@ -149,11 +149,21 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
 /// Writes go to the store in as few commits as the journal's promise allows. Entries that are
 /// complete at once (`record`) and events (`append_events`, from the runtime's sink) are held
 /// back and committed with the next write that must be durable before the run goes on: an
-/// effect about to be performed (`begin`), a result (`complete`), a retry (`restart`), a
-/// checkpoint, or [`ConversationStore::flush`]. Both are reproduced the same way if the process
-/// dies before they are committed, and an event is never durable before the entry that caused
-/// it. Writes made while a commit is in flight (concurrent calls of a script) go together in
-/// the next one. After a failed commit every later write fails with the same error.
+/// effect about to be performed (`begin`), a retry (`restart`), a checkpoint, or
+/// [`ConversationStore::flush`]. Both are reproduced the same way if the process dies before
+/// they are committed, and an event is never durable before the entry that caused it.
+///
+/// A result (`complete`, of a model call or a capability) is held too, but for at most its
+/// window ([`RESULT_WINDOW`], 2 ms): it goes with the journal's next commit if one comes first
+/// (a script's next call, the run's next model call or its end, all usually within
+/// microseconds), else alone. The run does not wait for it. A result that dies with the process
+/// leaves its effect `invoking`, which the next run finds `uncertain`, as if the process had died
+/// during the call; nothing the run does in the window reaches anyone before that commit (it is
+/// the run's own work, or writes and events held behind the result). Waiting for each result's
+/// own commit instead cost a commit per call (figures in `docs/storage.md`).
+///
+/// Writes made while a commit is in flight (concurrent calls of a script) go together in the
+/// next one. After a failed commit every later write fails with the same error.
 #[derive(Debug)]
 pub struct StoreJournal {
     store: Arc<dyn Store>,
@@ -162,6 +172,22 @@ pub struct StoreJournal {
     fence: Option<Fence>,
     segment: u64,
     known: tokio::sync::OnceCell<Mutex<Known>>,
+    committer: Arc<Committer>,
+    /// How long a result may wait for the journal's next commit.
+    result_window: std::time::Duration,
+}
+
+/// How long a model call's or a capability's result waits for the journal's next commit before
+/// it is committed alone.
+pub const RESULT_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// The writes a journal holds and the one commit of them at a time; shared with the tasks that
+/// commit a result at the end of its window.
+#[derive(Debug)]
+struct Committer {
+    store: Arc<dyn Store>,
+    session_id: String,
+    fence: Option<Fence>,
     held: Mutex<Held>,
     /// Taken by the task committing the held writes.
     committing: tokio::sync::Mutex<()>,
@@ -196,20 +222,58 @@ struct Held {
     /// Writes added so far, and how many of them are committed.
     added: u64,
     committed: u64,
+    /// Whether a task will commit what is held at the end of a result's window.
+    timer_armed: bool,
     failure: Option<String>,
-}
-
-impl Held {
-    fn is_empty(&self) -> bool {
-        self.new_effects.is_empty()
-            && self.transitions.is_empty()
-            && self.checkpoint.is_none()
-            && self.events.is_empty()
-    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Committer {
+    fn hold(&self, add: impl FnOnce(&mut Held)) -> Result<u64, JournalError> {
+        let mut held = lock(&self.held);
+        if let Some(failure) = &held.failure {
+            return Err(JournalError::Failed(failure.clone()));
+        }
+        add(&mut held);
+        held.added += 1;
+        Ok(held.added)
+    }
+
+    /// Returns once the first `ticket` writes are committed: by this task, or by the one
+    /// that was committing when it asked (group commit).
+    async fn commit_through(&self, ticket: u64) -> Result<(), JournalError> {
+        let _committing = self.committing.lock().await;
+        let mut commit = SessionCommit::new(self.session_id.clone());
+        let upto = {
+            let mut held = lock(&self.held);
+            if let Some(failure) = &held.failure {
+                return Err(JournalError::Failed(failure.clone()));
+            }
+            if held.committed >= ticket {
+                return Ok(());
+            }
+            commit.new_effects = std::mem::take(&mut held.new_effects);
+            commit.effects = std::mem::take(&mut held.transitions);
+            commit.checkpoint = held.checkpoint.take();
+            commit.events = std::mem::take(&mut held.events);
+            held.added
+        };
+        commit.fence = self.fence.clone();
+        match self.store.commit(commit).await {
+            Ok(_) => {
+                lock(&self.held).committed = upto;
+                Ok(())
+            }
+            Err(error) => {
+                let error = JournalError::from(error);
+                lock(&self.held).failure = Some(error.to_string());
+                Err(error)
+            }
+        }
+    }
 }
 
 impl StoreJournal {
@@ -222,15 +286,22 @@ impl StoreJournal {
         fence: Option<Fence>,
         segment: u64,
     ) -> Self {
+        let session_id = session_id.into();
         StoreJournal {
+            committer: Arc::new(Committer {
+                store: Arc::clone(&store),
+                session_id: session_id.clone(),
+                fence: fence.clone(),
+                held: Mutex::default(),
+                committing: tokio::sync::Mutex::new(()),
+            }),
             store,
-            session_id: session_id.into(),
+            session_id,
             turn_id: turn_id.into(),
             fence,
             segment,
             known: tokio::sync::OnceCell::new(),
-            held: Mutex::default(),
-            committing: tokio::sync::Mutex::new(()),
+            result_window: RESULT_WINDOW,
         }
     }
 
@@ -283,15 +354,16 @@ impl StoreJournal {
         Ok(None)
     }
 
+    /// How long a result may wait for the journal's next commit ([`RESULT_WINDOW`] unless
+    /// set): a longer window saves more commits and leaves a result in memory longer.
+    pub fn with_result_window(mut self, window: std::time::Duration) -> Self {
+        self.result_window = window;
+        self
+    }
+
     /// Adds a write to the held ones.
     fn hold(&self, add: impl FnOnce(&mut Held)) -> Result<u64, JournalError> {
-        let mut held = lock(&self.held);
-        if let Some(failure) = &held.failure {
-            return Err(JournalError::Failed(failure.clone()));
-        }
-        add(&mut held);
-        held.added += 1;
-        Ok(held.added)
+        self.committer.hold(add)
     }
 
     /// Adds a write and returns once it is committed, with whatever else is held.
@@ -302,37 +374,41 @@ impl StoreJournal {
         self.commit_through(ticket).await
     }
 
-    /// Returns once the first `ticket` writes are committed: by this task, or by the one
-    /// that was committing when it asked (group commit).
-    async fn commit_through(&self, ticket: u64) -> Result<(), JournalError> {
-        let _committing = self.committing.lock().await;
-        let mut commit = SessionCommit::new(self.session_id.clone());
-        let upto = {
-            let mut held = lock(&self.held);
-            if let Some(failure) = &held.failure {
-                return Err(JournalError::Failed(failure.clone()));
-            }
-            if held.committed >= ticket {
-                return Ok(());
-            }
-            commit.new_effects = std::mem::take(&mut held.new_effects);
-            commit.effects = std::mem::take(&mut held.transitions);
-            commit.checkpoint = held.checkpoint.take();
-            commit.events = std::mem::take(&mut held.events);
-            held.added
-        };
-        commit.fence = self.fence.clone();
-        match self.store.commit(commit).await {
-            Ok(_) => {
-                lock(&self.held).committed = upto;
-                Ok(())
-            }
-            Err(error) => {
-                let error = JournalError::from(error);
-                lock(&self.held).failure = Some(error.to_string());
-                Err(error)
-            }
+    /// Adds a result and returns at once: it is committed with the journal's next commit, or
+    /// at the end of its window if none comes first. A failure of that commit fails the
+    /// journal's next write, like any failed commit.
+    fn hold_result(&self, add: impl FnOnce(&mut Held)) -> Result<(), JournalError> {
+        let mut armed = false;
+        self.hold(|held| {
+            add(held);
+            armed = std::mem::replace(&mut held.timer_armed, true);
+        })?;
+        if armed {
+            // The timer running ends before this window does, and commits all that is held then.
+            return Ok(());
         }
+        // Weak: a journal dropped without its run's end (the run's task aborted) loses what it
+        // holds, as a process that dies does, and the store is not kept open past it.
+        let committer = Arc::downgrade(&self.committer);
+        let window = self.result_window;
+        tokio::spawn(async move {
+            tokio::time::sleep(window).await;
+            let Some(committer) = committer.upgrade() else {
+                return;
+            };
+            let upto = {
+                let mut held = lock(&committer.held);
+                held.timer_armed = false;
+                held.added
+            };
+            // A failure is kept in `held.failure` and reported by the journal's next write.
+            let _ = committer.commit_through(upto).await;
+        });
+        Ok(())
+    }
+
+    async fn commit_through(&self, ticket: u64) -> Result<(), JournalError> {
+        self.committer.commit_through(ticket).await
     }
 
     /// Holds the runtime's events back for the journal's next commit (see [`StoreJournal`]);
@@ -486,17 +562,13 @@ impl ConversationStore for StoreJournal {
     async fn complete(&self, effect_id: &str, result: Value) -> Result<(), JournalError> {
         self.note(effect_id, EffectStatus::Completed, Some(result.clone()))
             .await;
-        self.hold_durable(|held| {
-            held.transitions.push(
-                EffectTransition::new(
-                    effect_id,
-                    &[EffectStatus::Invoking],
-                    EffectStatus::Completed,
-                )
-                .with_result(result),
-            );
-        })
-        .await
+        let transition = EffectTransition::new(
+            effect_id,
+            &[EffectStatus::Invoking],
+            EffectStatus::Completed,
+        )
+        .with_result(result);
+        self.hold_result(|held| held.transitions.push(transition))
     }
 
     async fn restart(&self, effect_id: &str) -> Result<(), JournalError> {
@@ -535,21 +607,13 @@ impl ConversationStore for StoreJournal {
     }
 
     async fn flush(&self) -> Result<(), JournalError> {
-        let ticket = {
-            let held = lock(&self.held);
-            if held.is_empty() {
-                return match &held.failure {
-                    Some(failure) => Err(JournalError::Failed(failure.clone())),
-                    None => Ok(()),
-                };
-            }
-            held.added
-        };
+        // Everything added so far, a commit in flight included: it is waited for.
+        let ticket = lock(&self.committer.held).added;
         self.commit_through(ticket).await
     }
 
     async fn publish(&self) -> Result<(), JournalError> {
-        if lock(&self.held).events.is_empty() {
+        if lock(&self.committer.held).events.is_empty() {
             return Ok(());
         }
         self.flush().await

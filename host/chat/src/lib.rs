@@ -67,7 +67,9 @@ pub use fit::{
     DEFAULT_RESULT_TOKENS, Fitted, MIN_OBJECT_KEYS, MIN_RESULT_TOKENS, fit_to_budget, json_len,
     tokens_of_bytes,
 };
-pub use journal::{ActionRequest, ConversationStore, JournalError, Journaled, StoreJournal};
+pub use journal::{
+    ActionRequest, ConversationStore, JournalError, Journaled, RESULT_WINDOW, StoreJournal,
+};
 pub use js_tool::{CloseJavaScriptTool, JavaScriptTool, UseJavaScriptToolError, javascript_tool};
 pub use run::{RUN_JS, check_suspension, direct_tool_name, run, run_js_tool};
 pub use sink::{CallCost, EventSink, NullSink, RunEvent, RunEventKind, SinkError, VecSink};

@@ -244,8 +244,8 @@ async fn run_turn(ctx: &CancellationToken, input: Input) -> Result<RunResult, Ru
     }
 
     let store = Arc::clone(&input.store);
-    let history = store.history().await?;
-    let prior_model_calls = store.model_calls_before(&input.turn_id).await?;
+    let (history, prior_model_calls) =
+        futures::try_join!(store.history(), store.model_calls_before(&input.turn_id))?;
     let emitter = Arc::new(Emitter::new(Arc::clone(&input.sink), input.turn_id.clone()));
     let journal = Arc::new(CallJournal {
         store: Arc::clone(&store),
