@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Seek, SeekFrom, Write};
+use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
@@ -69,7 +70,8 @@ impl SqliteOptions {
 ///
 /// One process owns the file at a time: opening takes an exclusive `flock` on `<file>.lock`,
 /// which the kernel releases when the owner exits in any way, so a dead owner's lock never
-/// needs cleaning up. Every operation runs on the blocking thread pool over one connection.
+/// needs cleaning up. Every operation runs over one connection: on the caller's task when the
+/// connection is free, else on the blocking thread pool.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -77,6 +79,9 @@ pub struct SqliteStore {
 
 struct Inner {
     connection: Mutex<Connection>,
+    /// Whether a transaction may run on the calling task when the connection is free (not with
+    /// [`Synchronous::Full`], whose commit waits for the disk).
+    inline: bool,
     feed: Feed,
     path: PathBuf,
     // Dropping it stops the checkpointer thread.
@@ -84,6 +89,36 @@ struct Inner {
     // Held for the store's lifetime: dropping the file releases the ownership lock.
     _lock: File,
 }
+
+/// How long a transaction waits for SQLite's write lock, which only another program opening
+/// the file can hold.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The operations that may run on the calling task: one session's step or a lookup by key,
+/// tens of microseconds. Listings, counts, retention, erasure, recovery and the claim of a
+/// runnable session (which scans every runnable and running session) may touch thousands of
+/// rows: they always run on the blocking pool.
+const INLINE_OPERATIONS: &[&str] = &[
+    "ping",
+    "get_agent",
+    "put_agent",
+    "create_session",
+    "get_session",
+    "get_command",
+    "get_effect",
+    "get_action",
+    "commit",
+    "append_event",
+    "begin_effect",
+    "turn_effects",
+    "run_command",
+    "finish_segment",
+    "acquire_session",
+    "renew_lease",
+    "release_lease",
+    "claim_action",
+    "heartbeat_action",
+];
 
 /// How often the background connection copies the WAL into the database file.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
@@ -159,7 +194,7 @@ impl SqliteStore {
             .map_err(sqlite("configure"))?;
         // Only tools reading the file while corral runs can hold SQLite's own locks.
         connection
-            .busy_timeout(Duration::from_secs(5))
+            .busy_timeout(BUSY_TIMEOUT)
             .map_err(sqlite("configure"))?;
         connection
             .pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)
@@ -178,6 +213,7 @@ impl SqliteStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 connection: Mutex::new(connection),
+                inline: options.synchronous == Synchronous::Normal,
                 feed: Feed::default(),
                 path,
                 _checkpointer: checkpointer,
@@ -452,13 +488,15 @@ impl Backend for SqliteStore {
         &self.inner.feed
     }
 
-    /// Runs `work` on the blocking thread pool over the store's one connection (the engine's
-    /// futures never wait on anything but SQLite, so they are driven to completion in place).
+    /// Runs `work` over the store's one connection (the engine's futures never wait on anything
+    /// but SQLite, so they are driven to completion in place): on the calling task when the
+    /// connection is free and SQLite's write lock can be had at once (`Inner::run_inline`), else
+    /// on the blocking thread pool, which waits for the connection and the lock.
     ///
-    /// Running it on the calling worker instead (`block_in_place`) halved a lone durable step
-    /// (61 to 31 µs) but cost `corral serve` about 12% of its turns/s with 16 sessions (the
-    /// workers handing their tasks to other threads at every call, under one connection's
-    /// lock): measured 2026-12-06, `docs/storage.md`. The pool stays.
+    /// Measured 2026-12-06 (`docs/storage.md`): moving the calling worker's other tasks away for
+    /// it (`block_in_place`) halved a lone durable step but cost `corral serve` about 12% of its
+    /// turns/s with 16 sessions, so a transaction runs inline only when nothing waits for the
+    /// connection, and never with [`Synchronous::Full`] (a commit that waits for the disk).
     async fn transact<R, F>(
         &self,
         operation: &'static str,
@@ -471,54 +509,134 @@ impl Backend for SqliteStore {
             + Send
             + 'static,
     {
+        let work = match self.inner.run_inline(operation, write, work) {
+            Ok(ran) => {
+                // Ran without awaiting: let the worker's other tasks (those this commit woke
+                // first) run before the caller goes on, as the pool's round trip did, so that a
+                // loop of store calls never holds its worker.
+                tokio::task::yield_now().await;
+                return ran;
+            }
+            Err(work) => work,
+        };
         let inner = Arc::clone(&self.inner);
         let task = tokio::task::spawn_blocking(move || {
             let mut connection = inner
                 .connection
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let failed = |error| sqlite_error(operation, error);
-            if !connection.is_autocommit() {
-                // A panic unwound out of a transaction and left it open: undo it.
-                connection.execute_batch("ROLLBACK").map_err(failed)?;
-            }
-            connection
-                .execute_batch(if write {
-                    "BEGIN IMMEDIATE"
-                } else {
-                    "BEGIN DEFERRED"
-                })
-                .map_err(failed)?;
-            let mut tx = SqliteTx {
-                connection: &mut connection,
-                now: None,
-                notices: Vec::new(),
-            };
-            let output = futures::executor::block_on(work(&mut tx));
-            let notices = std::mem::take(&mut tx.notices);
-            let output = match output {
-                Ok(output) => output,
-                Err(error) => {
-                    // Some errors end the transaction by themselves; the first error is the one
-                    // to report either way.
-                    if !connection.is_autocommit() {
-                        let _ = connection.execute_batch("ROLLBACK");
-                    }
-                    return Err(error);
-                }
-            };
-            if let Err(error) = connection.execute_batch("COMMIT") {
-                if !connection.is_autocommit() {
-                    let _ = connection.execute_batch("ROLLBACK");
-                }
-                return Err(failed(error));
-            }
-            inner.feed.publish(&notices);
-            Ok(output)
+            begin(&mut connection, write, BUSY_TIMEOUT)
+                .map_err(|error| sqlite_error(operation, error))?;
+            finish(&inner.feed, &mut connection, operation, work)
         });
         task.await.map_err(|error| StoreError::Backend {
             operation,
             source: Box::new(error),
         })?
     }
+}
+
+impl Inner {
+    /// Runs `work` on the calling thread if it is one of [`INLINE_OPERATIONS`], the connection
+    /// is free and SQLite's write lock can be had at once; else hands `work` back for the
+    /// blocking pool (where waiting, and long work, belongs).
+    ///
+    /// A transaction takes tens of microseconds, which a task may spend on its worker; handing
+    /// it to the blocking pool instead cost two thread wake-ups each (measured in
+    /// `docs/storage.md`).
+    fn run_inline<R, F>(
+        &self,
+        operation: &'static str,
+        write: bool,
+        work: F,
+    ) -> Result<Result<R, StoreError>, F>
+    where
+        F: for<'a, 'c> FnOnce(&'a mut SqliteTx<'c>) -> BoxFuture<'a, Result<R, StoreError>>,
+    {
+        if !self.inline || !INLINE_OPERATIONS.contains(&operation) {
+            return Err(work);
+        }
+        let Ok(mut connection) = self.connection.try_lock() else {
+            return Err(work);
+        };
+        match begin(&mut connection, write, Duration::ZERO) {
+            Ok(()) => {}
+            Err(error) if is_busy(&error) => return Err(work),
+            Err(error) => return Ok(Err(sqlite_error(operation, error))),
+        }
+        let ran = panic::catch_unwind(AssertUnwindSafe(|| {
+            finish(&self.feed, &mut connection, operation, work)
+        }));
+        // After a panic the transaction is still open: the next one rolls it back.
+        Ok(ran.unwrap_or_else(|_| {
+            Err(StoreError::Backend {
+                operation,
+                source: "the transaction panicked".into(),
+            })
+        }))
+    }
+}
+
+/// Begins a transaction, waiting at most `wait` for SQLite's write lock when `write`.
+fn begin(connection: &mut Connection, write: bool, wait: Duration) -> rusqlite::Result<()> {
+    if !connection.is_autocommit() {
+        // A panic unwound out of a transaction and left it open: undo it.
+        connection.execute_batch("ROLLBACK")?;
+    }
+    if !write {
+        return connection.execute_batch("BEGIN DEFERRED");
+    }
+    if wait == BUSY_TIMEOUT {
+        return connection.execute_batch("BEGIN IMMEDIATE");
+    }
+    connection.busy_timeout(wait)?;
+    let begun = connection.execute_batch("BEGIN IMMEDIATE");
+    connection.busy_timeout(BUSY_TIMEOUT)?;
+    begun
+}
+
+fn is_busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Runs `work` in the transaction just begun, commits it and publishes its notices; rolls it
+/// back if `work` fails.
+fn finish<R, F>(
+    feed: &Feed,
+    connection: &mut Connection,
+    operation: &'static str,
+    work: F,
+) -> Result<R, StoreError>
+where
+    F: for<'a, 'c> FnOnce(&'a mut SqliteTx<'c>) -> BoxFuture<'a, Result<R, StoreError>>,
+{
+    let mut tx = SqliteTx {
+        connection,
+        now: None,
+        notices: Vec::new(),
+    };
+    let output = futures::executor::block_on(work(&mut tx));
+    let notices = std::mem::take(&mut tx.notices);
+    let output = match output {
+        Ok(output) => output,
+        Err(error) => {
+            // Some errors end the transaction by themselves; the first error is the one to
+            // report either way.
+            if !connection.is_autocommit() {
+                let _ = connection.execute_batch("ROLLBACK");
+            }
+            return Err(error);
+        }
+    };
+    if let Err(error) = connection.execute_batch("COMMIT") {
+        if !connection.is_autocommit() {
+            let _ = connection.execute_batch("ROLLBACK");
+        }
+        return Err(sqlite_error(operation, error));
+    }
+    feed.publish(&notices);
+    Ok(output)
 }

@@ -56,6 +56,10 @@ pub fn trials() -> Vec<Trial> {
             "an_unusable_path_is_an_io_error",
             an_unusable_path_is_an_io_error,
         ),
+        trial(
+            "a_write_waits_for_a_lock_another_program_holds",
+            a_write_waits_for_a_lock_another_program_holds,
+        ),
     ]
 }
 
@@ -416,6 +420,41 @@ fn unreadable_rows_are_reported_as_corrupt() -> anyhow::Result<()> {
             }) if id == "s1" => Ok(()),
             other => bail!("expected Corrupt, got {other:?}"),
         }
+    })
+    .map_err(|failure| anyhow::anyhow!("{failure:?}"))
+}
+
+/// A transaction runs on its caller's task when the connection is free and SQLite's write lock
+/// can be had at once; when another program holds that lock (a backup, `sqlite3` on the file),
+/// the write waits for it on the blocking pool, as before, instead of failing.
+fn a_write_waits_for_a_lock_another_program_holds() -> anyhow::Result<()> {
+    let folder = tempfile::tempdir()?;
+    let path = folder.path().join("corral.db");
+    run(async {
+        let store = SqliteStore::open(&path)?;
+        session(&store, "s1").await?;
+        let other = raw(&path)?;
+        other.execute_batch("BEGIN IMMEDIATE")?;
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            other.execute_batch("COMMIT")
+        });
+        let mut commit = SessionCommit::new("s1");
+        commit.events = vec![NewEvent::new("waited", json!({}))];
+        let receipt = applied(store.commit(commit).await?)?;
+        ensure!(
+            receipt.events.len() == 1 && receipt.events[0].event_type == "waited",
+            "{:?}",
+            receipt.events
+        );
+        release
+            .join()
+            .map_err(|_| anyhow::anyhow!("the lock holder panicked"))??;
+        // The store's own writes run inline again once the lock is free.
+        let mut commit = SessionCommit::new("s1");
+        commit.events = vec![NewEvent::new("inline", json!({}))];
+        applied(store.commit(commit).await?)?;
+        Ok(())
     })
     .map_err(|failure| anyhow::anyhow!("{failure:?}"))
 }
