@@ -542,8 +542,8 @@ impl Inner {
     /// blocking pool (where waiting, and long work, belongs).
     ///
     /// A transaction takes tens of microseconds, which a task may spend on its worker; handing
-    /// it to the blocking pool instead cost two thread wake-ups each (measured in
-    /// `docs/storage.md`).
+    /// it to the blocking pool instead cost two thread wake-ups each (figures in
+    /// `bench/REPORT.md`, "A result's window and inline steps").
     fn run_inline<R, F>(
         &self,
         operation: &'static str,
