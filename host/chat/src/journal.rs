@@ -166,12 +166,10 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
 /// next one. After a failed commit every later write fails with the same error.
 #[derive(Debug)]
 pub struct StoreJournal {
-    store: Arc<dyn Store>,
-    session_id: String,
     turn_id: String,
-    fence: Option<Fence>,
     segment: u64,
     known: tokio::sync::OnceCell<Mutex<Known>>,
+    /// The store, the session and the fence, with the writes held for them.
     committer: Arc<Committer>,
     /// How long a result may wait for the journal's next commit.
     result_window: std::time::Duration,
@@ -286,19 +284,15 @@ impl StoreJournal {
         fence: Option<Fence>,
         segment: u64,
     ) -> Self {
-        let session_id = session_id.into();
         StoreJournal {
             committer: Arc::new(Committer {
-                store: Arc::clone(&store),
-                session_id: session_id.clone(),
-                fence: fence.clone(),
+                store,
+                session_id: session_id.into(),
+                fence,
                 held: Mutex::default(),
                 committing: tokio::sync::Mutex::new(()),
             }),
-            store,
-            session_id,
             turn_id: turn_id.into(),
-            fence,
             segment,
             known: tokio::sync::OnceCell::new(),
             result_window: RESULT_WINDOW,
@@ -322,8 +316,9 @@ impl StoreJournal {
         self.known
             .get_or_try_init(|| async {
                 let turn = self
+                    .committer
                     .store
-                    .turn_effects(&self.session_id, &self.turn_id)
+                    .turn_effects(&self.committer.session_id, &self.turn_id)
                     .await?;
                 let mut known = Known {
                     model_calls_elsewhere: turn.model_calls_elsewhere,
@@ -342,14 +337,17 @@ impl StoreJournal {
     async fn add_effect(&self, new: NewEffect) -> Result<Option<Journaled>, JournalError> {
         let mut known = lock(self.known().await?);
         if let Some(existing) = known.effects.get(&new.effect_id) {
-            if !existing.journals(&self.session_id, &new) {
+            if !existing.journals(&self.committer.session_id, &new) {
                 return Err(JournalError::Drift {
                     effect_id: new.effect_id,
                 });
             }
             return Ok(Some(Self::existing(existing)));
         }
-        known.add(new.clone().into_effect(&self.session_id, Timestamp::now()));
+        known.add(
+            new.clone()
+                .into_effect(&self.committer.session_id, Timestamp::now()),
+        );
         self.hold(|held| held.new_effects.push(new))?;
         Ok(None)
     }
@@ -437,12 +435,12 @@ impl StoreJournal {
     ) -> Result<Journaled, JournalError> {
         // Work for an executor goes through the store's own step; what is held goes first.
         self.flush().await?;
-        let mut begin = BeginEffect::new(self.session_id.clone(), new);
-        begin.fence = self.fence.clone();
+        let mut begin = BeginEffect::new(self.committer.session_id.clone(), new);
+        begin.fence = self.committer.fence.clone();
         begin.action = action;
         begin.events = events;
         let known = self.known().await?;
-        match self.store.begin_effect(begin).await {
+        match self.committer.store.begin_effect(begin).await {
             Ok(BeginEffectOutcome::Started { effect, .. }) => {
                 lock(known).add(effect);
                 Ok(Journaled::New)
@@ -478,8 +476,9 @@ impl ConversationStore for StoreJournal {
         let mut after = 0;
         loop {
             let page = self
+                .committer
                 .store
-                .page_items(&self.session_id, after, corral_store::MAX_PAGE)
+                .page_items(&self.committer.session_id, after, corral_store::MAX_PAGE)
                 .await?;
             for item in page.items {
                 let parsed: ConversationItem = serde_json::from_value(item.body)
@@ -496,7 +495,11 @@ impl ConversationStore for StoreJournal {
     async fn model_calls_before(&self, turn_id: &str) -> Result<u64, JournalError> {
         if turn_id != self.turn_id {
             // Not the turn this journal reads: ask the store.
-            let turn = self.store.turn_effects(&self.session_id, turn_id).await?;
+            let turn = self
+                .committer
+                .store
+                .turn_effects(&self.committer.session_id, turn_id)
+                .await?;
             return Ok(turn.model_calls_elsewhere);
         }
         Ok(lock(self.known().await?).model_calls_elsewhere)
@@ -519,7 +522,11 @@ impl ConversationStore for StoreJournal {
             self.hold_durable(|_| {}).await?;
             return Ok(Journaled::New);
         };
-        let session = self.store.get_session(&self.session_id).await?;
+        let session = self
+            .committer
+            .store
+            .get_session(&self.committer.session_id)
+            .await?;
         let event = NewEvent::new(
             "action.pending",
             serde_json::json!({

@@ -525,8 +525,7 @@ impl Backend for SqliteStore {
                 .connection
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            begin(&mut connection, write, BUSY_TIMEOUT)
-                .map_err(|error| sqlite_error(operation, error))?;
+            begin(&mut connection, write, false).map_err(|error| sqlite_error(operation, error))?;
             finish(&inner.feed, &mut connection, operation, work)
         });
         task.await.map_err(|error| StoreError::Backend {
@@ -559,7 +558,7 @@ impl Inner {
         let Ok(mut connection) = self.connection.try_lock() else {
             return Err(work);
         };
-        match begin(&mut connection, write, Duration::ZERO) {
+        match begin(&mut connection, write, true) {
             Ok(()) => {}
             Err(error) if is_busy(&error) => return Err(work),
             Err(error) => return Ok(Err(sqlite_error(operation, error))),
@@ -577,8 +576,9 @@ impl Inner {
     }
 }
 
-/// Begins a transaction, waiting at most `wait` for SQLite's write lock when `write`.
-fn begin(connection: &mut Connection, write: bool, wait: Duration) -> rusqlite::Result<()> {
+/// Begins a transaction; when `write`, takes SQLite's write lock, waiting for it up to
+/// [`BUSY_TIMEOUT`] unless `at_once`.
+fn begin(connection: &mut Connection, write: bool, at_once: bool) -> rusqlite::Result<()> {
     if !connection.is_autocommit() {
         // A panic unwound out of a transaction and left it open: undo it.
         connection.execute_batch("ROLLBACK")?;
@@ -586,10 +586,10 @@ fn begin(connection: &mut Connection, write: bool, wait: Duration) -> rusqlite::
     if !write {
         return connection.execute_batch("BEGIN DEFERRED");
     }
-    if wait == BUSY_TIMEOUT {
+    if !at_once {
         return connection.execute_batch("BEGIN IMMEDIATE");
     }
-    connection.busy_timeout(wait)?;
+    connection.busy_timeout(Duration::ZERO)?;
     let begun = connection.execute_batch("BEGIN IMMEDIATE");
     connection.busy_timeout(BUSY_TIMEOUT)?;
     begun
