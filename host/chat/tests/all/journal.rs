@@ -213,12 +213,14 @@ async fn a_result_waits_for_the_journals_next_commit() {
     );
 }
 
-/// With no other commit coming, a result is committed alone at the end of its window, and the
-/// run never waits for it: `complete` returns while the file's write lock is held elsewhere.
+/// With no other commit coming, a result is committed alone at the end of its window (with the
+/// event held behind it), and the run never waits for it: `complete` returns while the file's
+/// write lock is held elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_is_committed_alone_at_the_end_of_its_window() {
     let dir = dir();
     let store = open_store(dir.path()).await;
+    let mut committed = store.subscribe_events();
     let journal = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
     let call = "t1:s0:t0:b0:c0";
     assert_eq!(
@@ -228,6 +230,7 @@ async fn a_result_is_committed_alone_at_the_end_of_its_window() {
     let other = must(rusqlite::Connection::open(dir.path().join("chat.db")));
     must(other.execute_batch("BEGIN IMMEDIATE"));
     must(journal.complete(call, json!({"n": 1})).await);
+    append(&journal, "tool.ended").await;
     let status: String = must(other.query_row(
         "SELECT status FROM corral_effects WHERE effect_id = ?1",
         [call],
@@ -235,15 +238,23 @@ async fn a_result_is_committed_alone_at_the_end_of_its_window() {
     ));
     assert_eq!(status, "invoking");
     must(other.execute_batch("ROLLBACK"));
-    // Nothing else is written through the journal: its window's end commits it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while statuses(&store).await[0].1 != EffectStatus::Completed {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the result was never committed"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Nothing else is written through the journal: the window's end commits the result and
+    // the event, whose notice is the sign (the timeout only guards against a hang).
+    let notice = tokio::time::timeout(Duration::from_secs(60), committed.recv()).await;
+    let notice = must(must(notice));
+    assert_eq!(notice.session_id, "s1");
+    assert_eq!(
+        statuses(&store).await,
+        [(call.to_owned(), EffectStatus::Completed)]
+    );
+    assert_eq!(
+        events(&store)
+            .await
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect::<Vec<_>>(),
+        ["tool.ended"]
+    );
     drop(journal);
 }
 

@@ -435,21 +435,20 @@ fn a_write_waits_for_a_lock_another_program_holds() -> anyhow::Result<()> {
         session(&store, "s1").await?;
         let other = raw(&path)?;
         other.execute_batch("BEGIN IMMEDIATE")?;
-        let release = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            other.execute_batch("COMMIT")
-        });
         let mut commit = SessionCommit::new("s1");
         commit.events = vec![NewEvent::new("waited", json!({}))];
-        let receipt = applied(store.commit(commit).await?)?;
+        let mut waiting = store.commit(commit);
+        // Its first poll tries the step on this task, finds the lock held and hands the step
+        // to the blocking pool: it waits there instead of failing.
+        let first = futures::poll!(waiting.as_mut());
+        ensure!(first.is_pending(), "the write did not wait: {first:?}");
+        other.execute_batch("COMMIT")?;
+        let receipt = applied(waiting.await?)?;
         ensure!(
             receipt.events.len() == 1 && receipt.events[0].event_type == "waited",
             "{:?}",
             receipt.events
         );
-        release
-            .join()
-            .map_err(|_| anyhow::anyhow!("the lock holder panicked"))??;
         // The store's own writes run inline again once the lock is free.
         let mut commit = SessionCommit::new("s1");
         commit.events = vec![NewEvent::new("inline", json!({}))];
