@@ -147,6 +147,13 @@ impl Harness {
             .await
             .expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
+        // A kept-alive connection the server is closing for idleness can be picked
+        // from the pool in the same instant; like any HTTP/1.1 client that does not
+        // retry, the harness lets connections go well before the server would.
+        let client = reqwest::Client::builder()
+            .pool_idle_timeout(config.limits.idle_timeout / 2)
+            .build()
+            .expect("client");
         let server = Server::new(config, store, Arc::new(TestRunner(ScriptRunner::default())));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(server.run(listener, async move {
@@ -154,7 +161,7 @@ impl Harness {
         }));
         Harness {
             base,
-            client: reqwest::Client::new(),
+            client,
             store_path,
             stop: Some(stop),
             task: Some(task),
