@@ -367,8 +367,15 @@ pub(crate) const EFFECTS_OF_KIND_ELSEWHERE: Sql = sql!(
 pub(crate) const SESSION_EFFECTS: Sql = sql!(
     "SELECT ",
     effect_columns!(),
-    " FROM corral_effects WHERE session_id = $1 AND (CAST($2 AS TEXT) IS NULL OR status = $2) \
-     ORDER BY created_at, effect_id"
+    " FROM corral_effects WHERE session_id = $1 ORDER BY created_at, effect_id"
+);
+/// The session's effects in one status, found through `corral_effects_session` (a condition
+/// that may be true for every status would make both databases read all the session's effects,
+/// and a segment's start reads the effects in flight of a session with thousands).
+pub(crate) const SESSION_EFFECTS_IN: Sql = sql!(
+    "SELECT ",
+    effect_columns!(),
+    " FROM corral_effects WHERE session_id = $1 AND status = $2 ORDER BY created_at, effect_id"
 );
 
 pub(crate) const ACTION: Sql = sql!(
@@ -647,5 +654,59 @@ mod tests {
         );
         assert_eq!(INSERT_SESSION.sqlite.len(), INSERT_SESSION.postgres.len());
         assert!(!INSERT_SESSION.sqlite.contains('$'));
+    }
+
+    /// SQLite's plan for `sql` on the embedded schema, one step a line.
+    fn plan(sql: Sql) -> String {
+        let db = rusqlite::Connection::open_in_memory().expect("in-memory database");
+        for migration in crate::migrations::SQLITE {
+            db.execute_batch(migration.sql).expect(migration.name);
+        }
+        let mut statement = db
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", sql.sqlite))
+            .expect(sql.sqlite);
+        let unbound = std::iter::repeat_n(rusqlite::types::Null, statement.parameter_count());
+        let steps = statement
+            .query_map(rusqlite::params_from_iter(unbound), |row| {
+                row.get::<_, String>(3)
+            })
+            .expect("plan")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("plan");
+        steps.join("\n")
+    }
+
+    /// The reads a turn makes at every step find their rows by every key they are given, so
+    /// that their cost does not grow with the session's past (a session of a thousand turns
+    /// has thousands of effects, events and items).
+    #[test]
+    fn a_steps_reads_search_by_all_their_keys() {
+        for (sql, expected) in [
+            (
+                SESSION,
+                "USING INDEX sqlite_autoindex_corral_sessions_1 (id=?)",
+            ),
+            (
+                SESSION_EFFECTS_IN,
+                "USING INDEX corral_effects_session (session_id=? AND status=?)",
+            ),
+            (
+                TURN_EFFECTS,
+                "USING INDEX corral_effects_turn (session_id=? AND turn_id=?)",
+            ),
+            (
+                LIVE_CHECKPOINT,
+                "USING INDEX corral_checkpoints_live (session_id=?)",
+            ),
+            (ITEMS_AFTER, "USING PRIMARY KEY (session_id=? AND seq>?)"),
+            (
+                EVENTS_AFTER,
+                "USING PRIMARY KEY (session_id=? AND cursor>?)",
+            ),
+        ] {
+            let plan = plan(sql);
+            assert!(plan.contains(expected), "{}\n{plan}", sql.sqlite);
+            assert!(!plan.contains("SCAN"), "{}\n{plan}", sql.sqlite);
+        }
     }
 }

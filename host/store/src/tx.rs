@@ -109,7 +109,7 @@ impl<'a> Reads<'a> {
         if let Some(status) = self.effects_in {
             queries.push(Query {
                 operation: "list effects",
-                sql: sql::SESSION_EFFECTS,
+                sql: sql::SESSION_EFFECTS_IN,
                 params: args![self.session_id, status.as_str()],
                 decode: |row| sql::decode_effect(row).map(Fetched::InStatus),
             });
@@ -672,13 +672,11 @@ pub(crate) trait Tx: Send {
         session_id: &str,
         status: Option<EffectStatus>,
     ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send {
-        let params = args![session_id, status.map(EffectStatus::as_str)];
-        self.rows(
-            "list effects",
-            sql::SESSION_EFFECTS,
-            params,
-            sql::decode_effect,
-        )
+        let (sql, params) = match status {
+            Some(status) => (sql::SESSION_EFFECTS_IN, args![session_id, status.as_str()]),
+            None => (sql::SESSION_EFFECTS, args![session_id]),
+        };
+        self.rows("list effects", sql, params, sql::decode_effect)
     }
 
     /// The effects of `turn_id` and how many effects of `kind` the session's other turns
