@@ -16,6 +16,7 @@ use corral_store::{
 };
 use serde_json::Value;
 
+use crate::history::{HistoryCache, read_items};
 use crate::types::{ConversationItem, SuspensionContext};
 
 /// A store failure, or a journal entry that does not match what the run asks for.
@@ -77,7 +78,8 @@ pub struct ActionRequest {
 /// The narrow store a run needs, scoped to one conversation.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + std::fmt::Debug {
-    /// The conversation items of earlier turns, in order.
+    /// The conversation items of earlier turns, in order; what comes before the last compaction
+    /// may be left out (the model never sees it).
     async fn history(&self) -> Result<Vec<ConversationItem>, JournalError>;
 
     /// How many model calls the conversation made in turns other than `turn_id` (scripted
@@ -173,6 +175,8 @@ pub struct StoreJournal {
     committer: Arc<Committer>,
     /// How long a result may wait for the journal's next commit.
     result_window: std::time::Duration,
+    /// The conversations this process ran lately, when shared with the journal.
+    history_cache: Option<Arc<HistoryCache>>,
 }
 
 /// How long a model call's or a capability's result waits for the journal's next commit before
@@ -296,6 +300,7 @@ impl StoreJournal {
             segment,
             known: tokio::sync::OnceCell::new(),
             result_window: RESULT_WINDOW,
+            history_cache: None,
         }
     }
 
@@ -356,6 +361,13 @@ impl StoreJournal {
     /// set): a longer window saves more commits and leaves a result in memory longer.
     pub fn with_result_window(mut self, window: std::time::Duration) -> Self {
         self.result_window = window;
+        self
+    }
+
+    /// Reads the conversation through `cache`: only what was added since this process last
+    /// read the session, and from its last compaction on.
+    pub fn with_history_cache(mut self, cache: Arc<HistoryCache>) -> Self {
+        self.history_cache = Some(cache);
         self
     }
 
@@ -472,23 +484,15 @@ impl StoreJournal {
 #[async_trait]
 impl ConversationStore for StoreJournal {
     async fn history(&self) -> Result<Vec<ConversationItem>, JournalError> {
-        let mut items = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .committer
-                .store
-                .page_items(&self.committer.session_id, after, corral_store::MAX_PAGE)
-                .await?;
-            for item in page.items {
-                let parsed: ConversationItem = serde_json::from_value(item.body)
-                    .map_err(|e| JournalError::Corrupt(format!("item {}: {e}", item.seq)))?;
-                items.push(parsed);
-            }
-            match page.next_after {
-                Some(next) => after = next,
-                None => return Ok(items),
-            }
+        let store = &*self.committer.store;
+        let session_id = &self.committer.session_id;
+        match &self.history_cache {
+            Some(cache) => cache.history(store, session_id).await,
+            None => Ok(read_items(store, session_id, 0)
+                .await?
+                .into_iter()
+                .map(|(_, item)| item)
+                .collect()),
         }
     }
 

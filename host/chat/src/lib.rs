@@ -52,6 +52,7 @@ mod compaction;
 mod emit;
 mod executor;
 mod fit;
+mod history;
 mod intrinsics;
 mod journal;
 mod js_tool;
@@ -67,6 +68,7 @@ pub use fit::{
     DEFAULT_RESULT_TOKENS, Fitted, MIN_OBJECT_KEYS, MIN_RESULT_TOKENS, fit_to_budget, json_len,
     tokens_of_bytes,
 };
+pub use history::HistoryCache;
 pub use journal::{
     ActionRequest, ConversationStore, JournalError, Journaled, RESULT_WINDOW, StoreJournal,
 };

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use corral_catalog::{Catalog, Redactor};
 use corral_chat::backends::{RoutingBackend, WebhookBackend};
 use corral_chat::{
-    ApprovalPolicy, EventSink, Input, ModelLimits, RunError, RunEvent, RunResult,
+    ApprovalPolicy, EventSink, HistoryCache, Input, ModelLimits, RunError, RunEvent, RunResult,
     SandboxExecutorFactory, SinkError, StoreJournal,
 };
 use corral_mcp::{EnvSecretResolver, McpHub, McpHubOptions, McpListError};
@@ -47,6 +47,8 @@ pub struct ChatTurnRunner {
     mcp: McpHub,
     webhook_secret: Option<Arc<str>>,
     prepared: Arc<PreparedAgents>,
+    /// The conversations of the sessions this process ran lately.
+    history: Arc<HistoryCache>,
 }
 
 /// What a segment needs of its agent, built from its manifest.
@@ -113,6 +115,7 @@ impl ChatTurnRunner {
             mcp: hub,
             webhook_secret: None,
             prepared: Arc::default(),
+            history: Arc::new(HistoryCache::new(HistoryCache::DEFAULT_CAPACITY)),
         }
     }
 
@@ -433,13 +436,16 @@ impl TurnRunner for ChatTurnRunner {
                 "the agent's catalog, manifest or version changed since the turn paused",
             );
         }
-        let journal = Arc::new(StoreJournal::new(
-            Arc::clone(&job.store),
-            job.session.id.clone(),
-            job.turn_id.clone(),
-            Some(job.fence.clone()),
-            job.segment,
-        ));
+        let journal = Arc::new(
+            StoreJournal::new(
+                Arc::clone(&job.store),
+                job.session.id.clone(),
+                job.turn_id.clone(),
+                Some(job.fence.clone()),
+                job.segment,
+            )
+            .with_history_cache(Arc::clone(&self.history)),
+        );
         let sink = Arc::new(StoreSink {
             journal: Arc::clone(&journal),
             deltas: tokio::sync::Mutex::new((0, None)),

@@ -1,6 +1,7 @@
 //! The chat runtime end to end: a scripted model, the real sandbox, the embedded store (and
 //! PostgreSQL), and a backend that counts what it runs.
 
+mod history;
 mod journal;
 mod model_context;
 mod results_fit;

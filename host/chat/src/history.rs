@@ -1,0 +1,199 @@
+//! Reading a conversation's items, and keeping the items of recently run sessions in memory so
+//! that a turn reads only what was added since the session's previous turn in this process.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use corral_store::Store;
+
+use crate::journal::JournalError;
+use crate::types::ConversationItem;
+
+/// Reads the session's items after `after`, in order, with their sequence numbers.
+pub(crate) async fn read_items(
+    store: &dyn Store,
+    session_id: &str,
+    mut after: u64,
+) -> Result<Vec<(u64, ConversationItem)>, JournalError> {
+    let mut items = Vec::new();
+    loop {
+        let page = store
+            .page_items(session_id, after, corral_store::MAX_PAGE)
+            .await?;
+        for item in page.items {
+            let parsed: ConversationItem = serde_json::from_value(item.body)
+                .map_err(|e| JournalError::Corrupt(format!("item {}: {e}", item.seq)))?;
+            items.push((item.seq, parsed));
+        }
+        match page.next_after {
+            Some(next) => after = next,
+            None => return Ok(items),
+        }
+    }
+}
+
+/// Whether the item `seq` of the session is still stored (retention prunes the items of a
+/// closed session from its oldest on; the session may be reopened later).
+async fn still_stored(store: &dyn Store, session_id: &str, seq: u64) -> Result<bool, JournalError> {
+    let page = store
+        .page_items(session_id, seq.saturating_sub(1), 1)
+        .await?;
+    Ok(page.items.first().is_some_and(|item| item.seq == seq))
+}
+
+/// The conversation items of the sessions this process ran last, from each one's last
+/// compaction on (a turn's model sees nothing older, see
+/// [`conversation_from_items`](crate::conversation_from_items)).
+///
+/// Without it every turn reads and decodes its session's whole conversation, which grows with
+/// every turn: in `corral serve`'s benchmark, sessions of a few hundred turns spent a fifth of
+/// the server's CPU there. With it a turn reads the items added since the session's previous
+/// turn (by this process or another replica: items are only ever appended), and checks that the
+/// oldest item it keeps is still stored, since retention may have pruned a closed session's
+/// history before the session was reopened; if not, it reads the conversation again.
+///
+/// At most `capacity` sessions are kept; the one used longest ago makes room.
+#[derive(Debug)]
+pub struct HistoryCache {
+    capacity: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: HashMap<String, Cached>,
+    /// Counts uses, to find the session used longest ago.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Cached {
+    /// The items from the last compaction on, with their sequence numbers.
+    items: Vec<(u64, ConversationItem)>,
+    /// The last sequence number read (items after it are new).
+    last_seq: u64,
+    used: u64,
+}
+
+impl HistoryCache {
+    /// How many sessions `corral serve` keeps by default.
+    pub const DEFAULT_CAPACITY: usize = 1024;
+
+    /// A cache of at most `capacity` sessions (0 keeps none).
+    pub fn new(capacity: usize) -> Self {
+        HistoryCache {
+            capacity,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many sessions are kept now.
+    pub fn len(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// Whether no session is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The conversation items of `session_id` that a turn needs, from its last compaction on.
+    pub async fn history(
+        &self,
+        store: &dyn Store,
+        session_id: &str,
+    ) -> Result<Vec<ConversationItem>, JournalError> {
+        let known = self.lock().sessions.get(session_id).map(|cached| {
+            let first = cached.items.first().map(|(seq, _)| *seq);
+            (cached.last_seq, first)
+        });
+        let (after, oldest) = known.unwrap_or((0, None));
+        let (new, kept) = futures::try_join!(read_items(store, session_id, after), async {
+            match oldest {
+                Some(seq) => still_stored(store, session_id, seq).await,
+                None => Ok(true),
+            }
+        })?;
+        if !kept {
+            // Pruned since it was read (the session was closed, and reopened): read it again.
+            self.lock().sessions.remove(session_id);
+            return Box::pin(self.history(store, session_id)).await;
+        }
+        match self.merge(session_id, known.map(|(last, _)| last), after, new) {
+            Some(items) => Ok(items),
+            None => {
+                // Read or dropped meanwhile by another run of the session (a lease holder runs
+                // one turn at a time, so this is rare): what was read here may not join what is
+                // kept.
+                let items = read_items(store, session_id, 0).await?;
+                Ok(from_last_compaction(items))
+            }
+        }
+    }
+
+    /// Adds the items read after `after` to what is kept of the session, if that is still what
+    /// it was when they were read (`last`); returns the session's items.
+    fn merge(
+        &self,
+        session_id: &str,
+        last: Option<u64>,
+        after: u64,
+        new: Vec<(u64, ConversationItem)>,
+    ) -> Option<Vec<ConversationItem>> {
+        let mut state = self.lock();
+        let current = state.sessions.get(session_id).map(|cached| cached.last_seq);
+        if current != last {
+            return None;
+        }
+        if current.is_none() {
+            if self.capacity == 0 {
+                return Some(from_last_compaction(new));
+            }
+            if state.sessions.len() >= self.capacity
+                && let Some(oldest) = state
+                    .sessions
+                    .iter()
+                    .min_by_key(|(_, cached)| cached.used)
+                    .map(|(id, _)| id.clone())
+            {
+                state.sessions.remove(&oldest);
+            }
+        }
+        state.clock += 1;
+        let used = state.clock;
+        let entry = state
+            .sessions
+            .entry(session_id.to_owned())
+            .or_insert_with(|| Cached {
+                items: Vec::new(),
+                last_seq: after,
+                used,
+            });
+        entry.used = used;
+        entry.items.extend(new);
+        if let Some((seq, _)) = entry.items.last() {
+            entry.last_seq = entry.last_seq.max(*seq);
+        }
+        if let Some(at) = last_compaction(&entry.items) {
+            entry.items.drain(..at);
+        }
+        Some(entry.items.iter().map(|(_, item)| item.clone()).collect())
+    }
+}
+
+fn last_compaction(items: &[(u64, ConversationItem)]) -> Option<usize> {
+    items
+        .iter()
+        .rposition(|(_, item)| matches!(item, ConversationItem::Compaction { .. }))
+}
+
+fn from_last_compaction(mut items: Vec<(u64, ConversationItem)>) -> Vec<ConversationItem> {
+    if let Some(at) = last_compaction(&items) {
+        items.drain(..at);
+    }
+    items.into_iter().map(|(_, item)| item).collect()
+}
