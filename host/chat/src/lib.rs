@@ -79,4 +79,4 @@ pub use types::{
     ApprovalPolicy, ConversationItem, Decision, Input, Interaction, ModelLimits, Resume, RunError,
     RunResult, SuspensionContext, conversation_from_items,
 };
-pub use util::{canonical_json, sha256_hex, sha256_json};
+pub use util::{canonical_json, sha256_canonical, sha256_hex, sha256_json};

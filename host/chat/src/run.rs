@@ -23,7 +23,7 @@ use crate::types::{
     ConversationItem, Decision, Input, Interaction, RunError, RunResult, SuspensionContext,
     conversation_from_items, summary_message,
 };
-use crate::util::{sha256_json, stable_u64};
+use crate::util::{sha256_canonical, sha256_json, stable_u64};
 
 /// The name of the one model tool in JS mode.
 pub const RUN_JS: &str = "run_js";
@@ -554,11 +554,14 @@ impl Turn<'_> {
         request: ModelRequest,
         stream_text: bool,
     ) -> Result<Result<ModelResponse, RunResult>, RunError> {
-        let request_json = serde_json::to_value(&request).unwrap_or(Value::Null);
+        // The digest of the request as a `Value` would give it (journals written before hold
+        // it), without building one of the whole conversation.
+        let request_sha256 =
+            sha256_canonical(&request).unwrap_or_else(|_| sha256_json(&Value::Null));
         let journal_request = json!({
             "model": self.input.model.describe(),
             "callIndex": request.call_index,
-            "sha256": sha256_json(&request_json),
+            "sha256": request_sha256,
         });
         self.model_calls += 1;
         let journaled = match self
