@@ -398,49 +398,27 @@ mod canonical {
         }
     }
 
-    impl ser::SerializeSeq for Seq<'_> {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-            self.element(value)
-        }
-        fn end(self) -> Result<(), Error> {
-            self.close()
-        }
+    /// serde's four kinds of array, written alike.
+    macro_rules! arrays {
+        ($($kind:ident :: $add:ident),+) => {$(
+            impl ser::$kind for Seq<'_> {
+                type Ok = ();
+                type Error = Error;
+                fn $add<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+                    self.element(value)
+                }
+                fn end(self) -> Result<(), Error> {
+                    self.close()
+                }
+            }
+        )+};
     }
-
-    impl ser::SerializeTuple for Seq<'_> {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-            self.element(value)
-        }
-        fn end(self) -> Result<(), Error> {
-            self.close()
-        }
-    }
-
-    impl ser::SerializeTupleStruct for Seq<'_> {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-            self.element(value)
-        }
-        fn end(self) -> Result<(), Error> {
-            self.close()
-        }
-    }
-
-    impl ser::SerializeTupleVariant for Seq<'_> {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-            self.element(value)
-        }
-        fn end(self) -> Result<(), Error> {
-            self.close()
-        }
-    }
+    arrays!(
+        SerializeSeq::serialize_element,
+        SerializeTuple::serialize_element,
+        SerializeTupleStruct::serialize_field,
+        SerializeTupleVariant::serialize_field
+    );
 
     impl ser::SerializeMap for Map<'_> {
         type Ok = ();
@@ -461,35 +439,26 @@ mod canonical {
         }
     }
 
-    impl ser::SerializeStruct for Map<'_> {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_field<T: Serialize + ?Sized>(
-            &mut self,
-            key: &'static str,
-            value: &T,
-        ) -> Result<(), Error> {
-            self.entry(Cow::Borrowed(key), value)
-        }
-        fn end(self) -> Result<(), Error> {
-            self.close()
-        }
+    /// A struct and a struct variant, written alike.
+    macro_rules! structs {
+        ($($kind:ident),+) => {$(
+            impl ser::$kind for Map<'_> {
+                type Ok = ();
+                type Error = Error;
+                fn serialize_field<T: Serialize + ?Sized>(
+                    &mut self,
+                    key: &'static str,
+                    value: &T,
+                ) -> Result<(), Error> {
+                    self.entry(Cow::Borrowed(key), value)
+                }
+                fn end(self) -> Result<(), Error> {
+                    self.close()
+                }
+            }
+        )+};
     }
-
-    impl ser::SerializeStructVariant for Map<'_> {
-        type Ok = ();
-        type Error = Error;
-        fn serialize_field<T: Serialize + ?Sized>(
-            &mut self,
-            key: &'static str,
-            value: &T,
-        ) -> Result<(), Error> {
-            self.entry(Cow::Borrowed(key), value)
-        }
-        fn end(self) -> Result<(), Error> {
-            self.close()
-        }
-    }
+    structs!(SerializeStruct, SerializeStructVariant);
 }
 
 #[cfg(test)]

@@ -74,8 +74,8 @@ fn rewrite_item(dir: &std::path::Path, seq: u64, item: &ConversationItem) {
     assert_eq!(changed, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cached_conversation_reads_only_what_was_added_since() {
+/// A store whose session `s1` holds two items, read once through a new cache.
+async fn two_items_read() -> (tempfile::TempDir, Arc<dyn Store>, Arc<HistoryCache>) {
     let dir = dir();
     let store = open_store(dir.path()).await;
     let cache = Arc::new(HistoryCache::new(8));
@@ -84,6 +84,12 @@ async fn a_cached_conversation_reads_only_what_was_added_since() {
         history(&store, Some(&cache)).await,
         [said("one"), said("two")]
     );
+    (dir, store, cache)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_conversation_reads_only_what_was_added_since() {
+    let (dir, store, cache) = two_items_read().await;
     rewrite_item(dir.path(), 1, &said("rewritten"));
     add(&store, &[said("three")]).await;
     // The cache read item 3 alone: item 1 is what it was when first read.
@@ -124,14 +130,7 @@ async fn what_comes_before_the_last_compaction_is_neither_kept_nor_returned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_pruned_by_retention_is_read_again() {
-    let dir = dir();
-    let store = open_store(dir.path()).await;
-    let cache = Arc::new(HistoryCache::new(8));
-    add(&store, &[said("one"), said("two")]).await;
-    assert_eq!(
-        history(&store, Some(&cache)).await,
-        [said("one"), said("two")]
-    );
+    let (_dir, store, cache) = two_items_read().await;
     // Closed; an item comes later (a closed session's history may still grow, as its last
     // turn ends); retention prunes what is older than 200 ms; the session is reopened.
     set_status(&store, SessionStatus::Closed).await;
