@@ -4,26 +4,46 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use corral_store::Store;
+use corral_store::{Item, Store, Timestamp};
 
 use crate::journal::JournalError;
 use crate::types::ConversationItem;
 
-/// Reads the session's items after `after`, in order, with their sequence numbers.
+/// A conversation item read, with what tells it from any other item stored at its place.
+#[derive(Debug)]
+pub(crate) struct Read {
+    pub(crate) seq: u64,
+    turn_id: Option<String>,
+    created_at: Timestamp,
+    pub(crate) item: ConversationItem,
+}
+
+impl Read {
+    fn decode(item: Item) -> Result<Self, JournalError> {
+        let parsed: ConversationItem = serde_json::from_value(item.body)
+            .map_err(|e| JournalError::Corrupt(format!("item {}: {e}", item.seq)))?;
+        Ok(Read {
+            seq: item.seq,
+            turn_id: item.turn_id,
+            created_at: item.created_at,
+            item: parsed,
+        })
+    }
+}
+
+/// Reads the session's items after `after`, in order.
 pub(crate) async fn read_items(
     store: &dyn Store,
     session_id: &str,
     mut after: u64,
-) -> Result<Vec<(u64, ConversationItem)>, JournalError> {
+) -> Result<Vec<Read>, JournalError> {
     let mut items = Vec::new();
     loop {
         let page = store
             .page_items(session_id, after, corral_store::MAX_PAGE)
             .await?;
         for item in page.items {
-            let parsed: ConversationItem = serde_json::from_value(item.body)
-                .map_err(|e| JournalError::Corrupt(format!("item {}: {e}", item.seq)))?;
-            items.push((item.seq, parsed));
+            items.push(Read::decode(item)?);
         }
         match page.next_after {
             Some(next) => after = next,
@@ -32,13 +52,25 @@ pub(crate) async fn read_items(
     }
 }
 
-/// Whether the item `seq` of the session is still stored (retention prunes the items of a
-/// closed session from its oldest on; the session may be reopened later).
-async fn still_stored(store: &dyn Store, session_id: &str, seq: u64) -> Result<bool, JournalError> {
+/// Whether `kept` is still what the session stores at its place: retention prunes a closed
+/// session's items from its oldest on (and the session may be reopened), and a session erased
+/// and created again under the same id has other items (of other turns, at other times).
+async fn still_stored(
+    store: &dyn Store,
+    session_id: &str,
+    kept: &Read,
+) -> Result<bool, JournalError> {
     let page = store
-        .page_items(session_id, seq.saturating_sub(1), 1)
+        .page_items(session_id, kept.seq.saturating_sub(1), 1)
         .await?;
-    Ok(page.items.first().is_some_and(|item| item.seq == seq))
+    let Some(stored) = page.items.into_iter().next() else {
+        return Ok(false);
+    };
+    let stored = Read::decode(stored)?;
+    Ok(stored.seq == kept.seq
+        && stored.turn_id == kept.turn_id
+        && stored.created_at == kept.created_at
+        && stored.item == kept.item)
 }
 
 /// The conversation items of the sessions this process ran last, from each one's last
@@ -50,7 +82,8 @@ async fn still_stored(store: &dyn Store, session_id: &str, seq: u64) -> Result<b
 /// the server's CPU there. With it a turn reads the items added since the session's previous
 /// turn (by this process or another replica: items are only ever appended), and checks that the
 /// oldest item it keeps is still stored, since retention may have pruned a closed session's
-/// history before the session was reopened; if not, it reads the conversation again.
+/// history before the session was reopened, or the session may have been erased and created
+/// again under the same id; if not, it reads the conversation again.
 ///
 /// At most `capacity` sessions are kept; the one used longest ago makes room.
 #[derive(Debug)]
@@ -68,8 +101,8 @@ struct State {
 
 #[derive(Debug)]
 struct Cached {
-    /// The items from the last compaction on, with their sequence numbers.
-    items: Vec<(u64, ConversationItem)>,
+    /// The items from the last compaction on.
+    items: Vec<Read>,
     /// The last sequence number read (items after it are new).
     last_seq: u64,
     used: u64,
@@ -108,13 +141,21 @@ impl HistoryCache {
         session_id: &str,
     ) -> Result<Vec<ConversationItem>, JournalError> {
         let known = self.lock().sessions.get(session_id).map(|cached| {
-            let first = cached.items.first().map(|(seq, _)| *seq);
-            (cached.last_seq, first)
+            let oldest = cached.items.first().map(|read| Read {
+                seq: read.seq,
+                turn_id: read.turn_id.clone(),
+                created_at: read.created_at,
+                item: read.item.clone(),
+            });
+            (cached.last_seq, oldest)
         });
-        let (after, oldest) = known.unwrap_or((0, None));
+        let (after, oldest) = match &known {
+            Some((last, oldest)) => (*last, oldest.as_ref()),
+            None => (0, None),
+        };
         let (new, kept) = futures::try_join!(read_items(store, session_id, after), async {
             match oldest {
-                Some(seq) => still_stored(store, session_id, seq).await,
+                Some(oldest) => still_stored(store, session_id, oldest).await,
                 None => Ok(true),
             }
         })?;
@@ -142,7 +183,7 @@ impl HistoryCache {
         session_id: &str,
         last: Option<u64>,
         after: u64,
-        new: Vec<(u64, ConversationItem)>,
+        new: Vec<Read>,
     ) -> Option<Vec<ConversationItem>> {
         let mut state = self.lock();
         let current = state.sessions.get(session_id).map(|cached| cached.last_seq);
@@ -175,25 +216,25 @@ impl HistoryCache {
             });
         entry.used = used;
         entry.items.extend(new);
-        if let Some((seq, _)) = entry.items.last() {
-            entry.last_seq = entry.last_seq.max(*seq);
+        if let Some(read) = entry.items.last() {
+            entry.last_seq = entry.last_seq.max(read.seq);
         }
         if let Some(at) = last_compaction(&entry.items) {
             entry.items.drain(..at);
         }
-        Some(entry.items.iter().map(|(_, item)| item.clone()).collect())
+        Some(entry.items.iter().map(|read| read.item.clone()).collect())
     }
 }
 
-fn last_compaction(items: &[(u64, ConversationItem)]) -> Option<usize> {
+fn last_compaction(items: &[Read]) -> Option<usize> {
     items
         .iter()
-        .rposition(|(_, item)| matches!(item, ConversationItem::Compaction { .. }))
+        .rposition(|read| matches!(read.item, ConversationItem::Compaction { .. }))
 }
 
-fn from_last_compaction(mut items: Vec<(u64, ConversationItem)>) -> Vec<ConversationItem> {
+fn from_last_compaction(mut items: Vec<Read>) -> Vec<ConversationItem> {
     if let Some(at) = last_compaction(&items) {
         items.drain(..at);
     }
-    items.into_iter().map(|(_, item)| item).collect()
+    items.into_iter().map(|read| read.item).collect()
 }

@@ -491,7 +491,7 @@ impl ConversationStore for StoreJournal {
             None => Ok(read_items(store, session_id, 0)
                 .await?
                 .into_iter()
-                .map(|(_, item)| item)
+                .map(|read| read.item)
                 .collect()),
         }
     }

@@ -90,9 +90,10 @@ async fn two_items_read() -> (tempfile::TempDir, Arc<dyn Store>, Arc<HistoryCach
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_conversation_reads_only_what_was_added_since() {
     let (dir, store, cache) = two_items_read().await;
-    rewrite_item(dir.path(), 1, &said("rewritten"));
+    rewrite_item(dir.path(), 2, &said("rewritten"));
     add(&store, &[said("three")]).await;
-    // The cache read item 3 alone: item 1 is what it was when first read.
+    // The cache read item 3 alone (and item 1, the oldest it keeps, to check it is still
+    // there): item 2 is what it was when first read.
     assert_eq!(
         history(&store, Some(&cache)).await,
         [said("one"), said("two"), said("three")]
@@ -100,7 +101,7 @@ async fn a_cached_conversation_reads_only_what_was_added_since() {
     // A journal without the cache reads the whole conversation.
     assert_eq!(
         history(&store, None).await,
-        [said("rewritten"), said("two"), said("three")]
+        [said("one"), said("rewritten"), said("three")]
     );
     assert_eq!(cache.len(), 1);
 }
@@ -178,4 +179,30 @@ async fn the_cache_keeps_at_most_its_capacity_of_sessions() {
     let none = Arc::new(HistoryCache::new(0));
     assert_eq!(history(&store, Some(&none)).await, [said("rewritten")]);
     assert!(none.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_erased_and_created_again_under_its_id_gets_none_of_the_old_conversation() {
+    let (_dir, store, cache) = two_items_read().await;
+    // Items are stamped in milliseconds: the new one comes at least one later.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    must(store.erase_session("s1", true).await);
+    must(
+        store
+            .create_session(corral_store::NewSession::new(
+                "s1",
+                "acme",
+                "mallory",
+                "a",
+                json!({}),
+            ))
+            .await,
+    );
+    // The new session's first item lands where the old one's was, with the same content.
+    add(&store, &[said("one")]).await;
+    assert_eq!(
+        history(&store, Some(&cache)).await,
+        [said("one")],
+        "the erased conversation is not served from memory"
+    );
 }
