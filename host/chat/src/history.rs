@@ -19,6 +19,16 @@ pub(crate) struct Read {
 }
 
 impl Read {
+    /// Whether `self` is `other` as stored: retention prunes a closed session's items from its
+    /// oldest on (and the session may be reopened), and a session erased and created again
+    /// under the same id has other items at the same places (of other turns, at other times).
+    fn is(&self, other: &Read) -> bool {
+        self.seq == other.seq
+            && self.turn_id == other.turn_id
+            && self.created_at == other.created_at
+            && self.item == other.item
+    }
+
     fn decode(item: Item) -> Result<Self, JournalError> {
         let parsed: ConversationItem = serde_json::from_value(item.body)
             .map_err(|e| JournalError::Corrupt(format!("item {}: {e}", item.seq)))?;
@@ -52,25 +62,21 @@ pub(crate) async fn read_items(
     }
 }
 
-/// Whether `kept` is still what the session stores at its place: retention prunes a closed
-/// session's items from its oldest on (and the session may be reopened), and a session erased
-/// and created again under the same id has other items (of other turns, at other times).
-async fn still_stored(
+/// The item the session stores at `seq`, if any.
+async fn stored_at(
     store: &dyn Store,
     session_id: &str,
-    kept: &Read,
-) -> Result<bool, JournalError> {
+    seq: u64,
+) -> Result<Option<Read>, JournalError> {
     let page = store
-        .page_items(session_id, kept.seq.saturating_sub(1), 1)
+        .page_items(session_id, seq.saturating_sub(1), 1)
         .await?;
-    let Some(stored) = page.items.into_iter().next() else {
-        return Ok(false);
-    };
-    let stored = Read::decode(stored)?;
-    Ok(stored.seq == kept.seq
-        && stored.turn_id == kept.turn_id
-        && stored.created_at == kept.created_at
-        && stored.item == kept.item)
+    page.items
+        .into_iter()
+        .next()
+        .filter(|item| item.seq == seq)
+        .map(Read::decode)
+        .transpose()
 }
 
 /// The conversation items of the sessions this process ran last, from each one's last
@@ -140,33 +146,24 @@ impl HistoryCache {
         store: &dyn Store,
         session_id: &str,
     ) -> Result<Vec<ConversationItem>, JournalError> {
-        let known = self.lock().sessions.get(session_id).map(|cached| {
-            let oldest = cached.items.first().map(|read| Read {
-                seq: read.seq,
-                turn_id: read.turn_id.clone(),
-                created_at: read.created_at,
-                item: read.item.clone(),
-            });
-            (cached.last_seq, oldest)
-        });
-        let (after, oldest) = match &known {
-            Some((last, oldest)) => (*last, oldest.as_ref()),
-            None => (0, None),
-        };
-        let (new, kept) = futures::try_join!(read_items(store, session_id, after), async {
+        let known = self
+            .lock()
+            .sessions
+            .get(session_id)
+            .map(|cached| (cached.last_seq, cached.items.first().map(|read| read.seq)));
+        let after = known.map_or(0, |(last, _)| last);
+        let oldest = known.and_then(|(_, oldest)| oldest);
+        let (new, stored) = futures::try_join!(read_items(store, session_id, after), async {
             match oldest {
-                Some(oldest) => still_stored(store, session_id, oldest).await,
-                None => Ok(true),
+                Some(seq) => stored_at(store, session_id, seq).await,
+                None => Ok(None),
             }
         })?;
-        if !kept {
-            // Pruned since it was read (the session was closed, and reopened): read it again.
-            self.lock().sessions.remove(session_id);
-            return Box::pin(self.history(store, session_id)).await;
-        }
-        match self.merge(session_id, known.map(|(last, _)| last), after, new) {
-            Some(items) => Ok(items),
-            None => {
+        match self.merge(session_id, known.map(|(last, _)| last), stored, after, new) {
+            Merged::Items(items) => Ok(items),
+            // Pruned or replaced since it was read: what is kept is dropped, and read again.
+            Merged::Replaced => Box::pin(self.history(store, session_id)).await,
+            Merged::Moved => {
                 // Read or dropped meanwhile by another run of the session (a lease holder runs
                 // one turn at a time, so this is rare): what was read here may not join what is
                 // kept.
@@ -177,22 +174,23 @@ impl HistoryCache {
     }
 
     /// Adds the items read after `after` to what is kept of the session, if that is still what
-    /// it was when they were read (`last`); returns the session's items.
+    /// it was when they were read (`last`) and its oldest item is still the one `stored` at its
+    /// place.
     fn merge(
         &self,
         session_id: &str,
         last: Option<u64>,
+        stored: Option<Read>,
         after: u64,
         new: Vec<Read>,
-    ) -> Option<Vec<ConversationItem>> {
+    ) -> Merged {
         let mut state = self.lock();
-        let current = state.sessions.get(session_id).map(|cached| cached.last_seq);
-        if current != last {
-            return None;
-        }
-        if current.is_none() {
+        let Some(current) = state.sessions.get(session_id) else {
+            if last.is_some() {
+                return Merged::Moved;
+            }
             if self.capacity == 0 {
-                return Some(from_last_compaction(new));
+                return Merged::Items(from_last_compaction(new));
             }
             if state.sessions.len() >= self.capacity
                 && let Some(oldest) = state
@@ -203,7 +201,21 @@ impl HistoryCache {
             {
                 state.sessions.remove(&oldest);
             }
+            return Self::keep(&mut state, session_id, after, new);
+        };
+        if Some(current.last_seq) != last {
+            return Merged::Moved;
         }
+        let oldest = current.items.first();
+        if oldest.is_some_and(|oldest| !stored.as_ref().is_some_and(|stored| stored.is(oldest))) {
+            state.sessions.remove(session_id);
+            return Merged::Replaced;
+        }
+        Self::keep(&mut state, session_id, after, new)
+    }
+
+    /// Adds `new` to what is kept of the session; returns its items.
+    fn keep(state: &mut State, session_id: &str, after: u64, new: Vec<Read>) -> Merged {
         state.clock += 1;
         let used = state.clock;
         let entry = state
@@ -222,8 +234,18 @@ impl HistoryCache {
         if let Some(at) = last_compaction(&entry.items) {
             entry.items.drain(..at);
         }
-        Some(entry.items.iter().map(|read| read.item.clone()).collect())
+        Merged::Items(entry.items.iter().map(|read| read.item.clone()).collect())
     }
+}
+
+/// What became of the items read for a session.
+enum Merged {
+    /// Kept (or not, without room): the session's items.
+    Items(Vec<ConversationItem>),
+    /// What was kept is no longer stored and was dropped.
+    Replaced,
+    /// Another read of the session changed what is kept meanwhile.
+    Moved,
 }
 
 fn last_compaction(items: &[Read]) -> Option<usize> {

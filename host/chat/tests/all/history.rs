@@ -28,11 +28,15 @@ fn compaction(summary: &str) -> ConversationItem {
 }
 
 async fn add(store: &Arc<dyn Store>, items: &[ConversationItem]) {
+    add_in_turn(store, None, items).await;
+}
+
+async fn add_in_turn(store: &Arc<dyn Store>, turn: Option<&str>, items: &[ConversationItem]) {
     let mut commit = SessionCommit::new("s1");
     for item in items {
-        commit
-            .items
-            .push(NewItem::new(must(serde_json::to_value(item))));
+        let mut new = NewItem::new(must(serde_json::to_value(item)));
+        new.turn_id = turn.map(str::to_owned);
+        commit.items.push(new);
     }
     must(store.commit(commit).await);
 }
@@ -62,10 +66,22 @@ fn must<T, E: std::fmt::Display>(result: Result<T, E>) -> T {
     }
 }
 
-/// Rewrites a stored item behind the store's back, so that a read shows whether it read it.
-fn rewrite_item(dir: &std::path::Path, seq: u64, item: &ConversationItem) {
+/// The store's file, opened beside the store to change what it holds behind its back.
+fn database(dir: &std::path::Path) -> rusqlite::Connection {
     let db = must(rusqlite::Connection::open(dir.join("chat.db")));
     must(db.busy_timeout(Duration::from_secs(5)));
+    db
+}
+
+/// Creates session `id` of tenant `acme`.
+async fn create(store: &Arc<dyn Store>, id: &str, owner: &str) {
+    let new = corral_store::NewSession::new(id, "acme", owner, "a", json!({}));
+    must(store.create_session(new).await);
+}
+
+/// Rewrites a stored item behind the store's back, so that a read shows whether it read it.
+fn rewrite_item(dir: &std::path::Path, seq: u64, item: &ConversationItem) {
+    let db = database(dir);
     let body = must(serde_json::to_string(item));
     let changed = must(db.execute(
         "UPDATE corral_items SET body = ?1 WHERE session_id = 's1' AND seq = ?2",
@@ -131,14 +147,25 @@ async fn what_comes_before_the_last_compaction_is_neither_kept_nor_returned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_pruned_by_retention_is_read_again() {
-    let (_dir, store, cache) = two_items_read().await;
+    let (dir, store, cache) = two_items_read().await;
     // Closed; an item comes later (a closed session's history may still grow, as its last
-    // turn ends); retention prunes what is older than 200 ms; the session is reopened.
+    // turn ends); retention prunes what is older than a minute; the session is reopened.
     set_status(&store, SessionStatus::Closed).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
     add(&store, &[said("three")]).await;
+    // The session was closed, and its first two items written, two minutes ago.
+    let db = database(dir.path());
+    let aged = must(db.execute(
+        "UPDATE corral_items SET created_at = created_at - 120000 WHERE session_id = 's1' \
+         AND seq <= 2",
+        [],
+    ));
+    assert_eq!(aged, 2);
+    must(db.execute(
+        "UPDATE corral_sessions SET closed_at = closed_at - 120000 WHERE id = 's1'",
+        [],
+    ));
     let mut policy = RetentionPolicy::default();
-    policy.closed_history_ttl = Some(Duration::from_millis(200));
+    policy.closed_history_ttl = Some(Duration::from_secs(60));
     let report = must(store.apply_retention(&policy).await);
     assert_eq!(report.items_pruned, 2, "{report:?}");
     set_status(&store, SessionStatus::Idle).await;
@@ -155,17 +182,7 @@ async fn a_history_pruned_by_retention_is_read_again() {
 async fn the_cache_keeps_at_most_its_capacity_of_sessions() {
     let dir = dir();
     let store = open_store(dir.path()).await;
-    must(
-        store
-            .create_session(corral_store::NewSession::new(
-                "s2",
-                "acme",
-                "alice",
-                "a",
-                json!({}),
-            ))
-            .await,
-    );
+    create(&store, "s2", "alice").await;
     add(&store, &[said("one")]).await;
     let cache = Arc::new(HistoryCache::new(1));
     assert_eq!(history(&store, Some(&cache)).await, [said("one")]);
@@ -184,22 +201,11 @@ async fn the_cache_keeps_at_most_its_capacity_of_sessions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_erased_and_created_again_under_its_id_gets_none_of_the_old_conversation() {
     let (_dir, store, cache) = two_items_read().await;
-    // Items are stamped in milliseconds: the new one comes at least one later.
-    tokio::time::sleep(Duration::from_millis(5)).await;
     must(store.erase_session("s1", true).await);
-    must(
-        store
-            .create_session(corral_store::NewSession::new(
-                "s1",
-                "acme",
-                "mallory",
-                "a",
-                json!({}),
-            ))
-            .await,
-    );
-    // The new session's first item lands where the old one's was, with the same content.
-    add(&store, &[said("one")]).await;
+    create(&store, "s1", "mallory").await;
+    // The new session's first item lands where the old one's was, with the same content, in
+    // a turn of its own.
+    add_in_turn(&store, Some("t-new"), &[said("one")]).await;
     assert_eq!(
         history(&store, Some(&cache)).await,
         [said("one")],
