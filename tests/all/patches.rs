@@ -277,22 +277,25 @@ async fn an_empty_object_argument_skips_json_stringify() {
     );
 }
 
-// ---- regalloc2 (host/vendor/regalloc2-0.15.2) ------------------------------------------------
+// ---- vendored crates (host/vendor) ------------------------------------------------------------
 
-/// The workspace builds Cranelift with the vendored regalloc2, whose one change
-/// (`MAX_SPLITS_PER_SPILLSET` 2 -> 255) keeps QuickJS's interpreter values in registers. When a
-/// wasmtime upgrade moves Cargo to another regalloc2, the `[patch.crates-io]` entry stops
-/// applying and Cargo only warns; this test fails instead: the lock file must hold exactly one
-/// regalloc2, the vendored one (a path dependency has no `source`), that Cranelift depends on,
-/// and no unused patch.
-#[test]
-fn the_vendored_register_allocator_is_the_one_built() {
+/// Cargo.lock's and Cargo.toml's text, from the workspace's root.
+fn workspace_file(path: &str) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let read = |path: &str| match std::fs::read_to_string(root.join(path)) {
+    match std::fs::read_to_string(root.join(path)) {
         Ok(text) => text,
         Err(error) => panic!("reading {path}: {error}"),
-    };
-    let lock = read("Cargo.lock");
+    }
+}
+
+/// Checks that the workspace builds `name` from its vendored copy `host/vendor/{name}-{version}`:
+/// Cargo.lock holds exactly one `name`, that version from a path (a path dependency has no
+/// `source`), every package in `dependents` depends on it, no patch is unused, and the root
+/// manifest patches crates.io's `name` with the folder. When an upgrade moves Cargo to another
+/// version, the `[patch.crates-io]` entry stops applying and Cargo only warns; this fails
+/// instead.
+fn assert_vendored(name: &str, version: &str, dependents: &[&str]) {
+    let lock = workspace_file("Cargo.lock");
     let packages: Vec<&str> = lock.split("[[package]]").skip(1).collect();
     let named = |name: &str| -> Vec<&str> {
         packages
@@ -301,38 +304,62 @@ fn the_vendored_register_allocator_is_the_one_built() {
             .filter(|p| p.lines().any(|l| l == format!("name = \"{name}\"")))
             .collect()
     };
-    let regalloc = named("regalloc2");
+    let vendored = named(name);
     assert_eq!(
-        regalloc.len(),
+        vendored.len(),
         1,
-        "Cargo.lock holds {} regalloc2 packages: {regalloc:?}",
-        regalloc.len()
+        "Cargo.lock holds {} {name} packages: {vendored:?}",
+        vendored.len()
     );
     assert!(
-        regalloc[0].contains("version = \"0.15.2\"") && !regalloc[0].contains("source ="),
-        "Cargo.lock's regalloc2 is not the vendored host/vendor/regalloc2-0.15.2: {}",
-        regalloc[0]
+        vendored[0].contains(&format!("version = \"{version}\""))
+            && !vendored[0].contains("source ="),
+        "Cargo.lock's {name} is not the vendored host/vendor/{name}-{version}: {}",
+        vendored[0]
     );
-    let cranelift = named("cranelift-codegen");
-    assert!(
-        !cranelift.is_empty()
-            && cranelift
-                .iter()
-                .all(|p| p.lines().any(|l| l.trim() == "\"regalloc2\",")),
-        "cranelift-codegen does not depend on the (single) regalloc2: {cranelift:?}"
-    );
+    for dependent in dependents {
+        let packages = named(dependent);
+        assert!(
+            !packages.is_empty()
+                && packages
+                    .iter()
+                    .all(|p| p.lines().any(|l| l.trim() == format!("\"{name}\","))),
+            "{dependent} does not depend on the (single) {name}: {packages:?}"
+        );
+    }
     assert!(
         !lock.contains("[[patch.unused]]"),
-        "Cargo.lock lists an unused patch: the vendored regalloc2 no longer applies"
+        "Cargo.lock lists an unused patch: a vendored crate no longer applies"
     );
-    let manifest = read("Cargo.toml");
+    let patch = format!("{name} = {{ path = \"host/vendor/{name}-{version}\" }}");
     assert!(
-        manifest.contains("regalloc2 = { path = \"host/vendor/regalloc2-0.15.2\" }"),
-        "the workspace no longer patches regalloc2 with host/vendor/regalloc2-0.15.2"
+        workspace_file("Cargo.toml").contains(&patch),
+        "the workspace no longer patches {name} with host/vendor/{name}-{version}"
     );
-    let source = read("host/vendor/regalloc2-0.15.2/src/ion/data_structures.rs");
+}
+
+/// The workspace builds Cranelift with the vendored regalloc2, whose one change
+/// (`MAX_SPLITS_PER_SPILLSET` 2 -> 255) keeps QuickJS's interpreter values in registers.
+#[test]
+fn the_vendored_register_allocator_is_the_one_built() {
+    assert_vendored("regalloc2", "0.15.2", &["cranelift-codegen"]);
+    let source = workspace_file("host/vendor/regalloc2-0.15.2/src/ion/data_structures.rs");
     assert!(
         source.contains("pub(crate) const MAX_SPLITS_PER_SPILLSET: u8 = 255;"),
         "the vendored regalloc2 lost its one change (MAX_SPLITS_PER_SPILLSET = 255)"
+    );
+}
+
+/// The store and the pool build with the vendored tokio-postgres, whose one addition
+/// (`Client::pipeline`: statements pipelined with one `Sync`) the PostgreSQL store sends every
+/// flight with. The store would not compile without the method; this checks that the method
+/// is the vendored one, and the store's own test `a_durable_step_is_answered_in_two_flushes`
+/// checks what it does.
+#[test]
+fn the_vendored_postgres_driver_is_the_one_built() {
+    assert_vendored(
+        "tokio-postgres",
+        "0.7.18",
+        &["corral-store", "deadpool-postgres", "tokio-postgres-rustls"],
     );
 }
