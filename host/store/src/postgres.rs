@@ -1,11 +1,8 @@
 //! PostgreSQL: several replicas share one database; leases with fencing keep them apart.
 
 use std::error::Error as _;
-use std::future::Future;
-use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::{Arc, Weak};
-use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
@@ -700,17 +697,11 @@ fn pg_param<'p>(param: &'p Param<'_>) -> &'p (dyn ToSql + Sync) {
     }
 }
 
-/// A request in flight, as [`in_order`] polls it.
-type Flight<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
-
-/// A write whose result the engine does not need: sent with the next round trip.
-enum Deferred {
-    Begin,
-    Statement {
-        operation: &'static str,
-        sql: &'static str,
-        params: Vec<Param<'static>>,
-    },
+/// A statement whose result the engine does not need: sent with the next flight.
+struct Deferred {
+    operation: &'static str,
+    sql: &'static str,
+    params: Vec<Param<'static>>,
 }
 
 /// A pooled connection lent to one transaction. Dropped before the transaction finished (an
@@ -752,165 +743,108 @@ const CLAIM_SESSION: &str = concat!(
 
 /// One open transaction on PostgreSQL.
 ///
-/// Round trips dominate on loopback, so writes whose result the engine ignores are deferred and
-/// pipelined with the next read or with the `COMMIT`, and the reads a step makes together
-/// ([`Reads`]) are sent together: a durable step (lock the session and read what the step
-/// guards, append events, replace the checkpoint, update the session) costs two round trips,
-/// `BEGIN` + lock + reads and writes + `COMMIT`. tokio-postgres queues a request on its first
-/// poll and the server executes pipelined statements in the order they were sent, which is the
-/// order the engine issued them.
+/// Round trips dominate on loopback, so statements whose result the engine ignores (`BEGIN`,
+/// writes) are deferred and sent with the next read or with the `COMMIT`, and the reads a step
+/// makes together ([`Reads`]) are sent together. Each flight is one pipeline with one `Sync`
+/// ([`tokio_postgres::Client::pipeline`], added to the vendored driver): the server runs its
+/// statements in order and answers them in one flush, where the driver's own `execute` and
+/// `query` would end each statement with a `Sync` and make the server flush once per statement.
+/// A durable step (lock the session and read what the step guards, append events, replace the
+/// checkpoint, update the session) is two flights: `BEGIN` + lock + reads, then the writes +
+/// `COMMIT` + the announcement. The first error makes the server skip the rest of its flight;
+/// the transaction is then rolled back when the connection goes back to the pool ([`Lent`]).
 pub(crate) struct PgTx<'c> {
     client: &'c deadpool_postgres::ClientWrapper,
     pending: Vec<Deferred>,
+    /// Whether a flight was sent, so there is a transaction to commit.
+    sent: bool,
     now: Option<Timestamp>,
     notices: Vec<Notice>,
 }
+
+/// A statement of a flight: what it does (for errors), its text and its parameters.
+type Flight<'p> = (&'static str, &'static str, Vec<&'p (dyn ToSql + Sync)>);
 
 impl<'c> PgTx<'c> {
     fn new(client: &'c deadpool_postgres::ClientWrapper) -> Self {
         Self {
             client,
-            pending: vec![Deferred::Begin],
+            pending: vec![Deferred {
+                operation: "begin a transaction",
+                sql: "BEGIN",
+                params: Vec::new(),
+            }],
+            sent: false,
             now: None,
             notices: Vec::new(),
         }
     }
 
-    async fn prepare(&self, operation: &'static str, sql: &str) -> Result<Statement, StoreError> {
-        self.client
-            .prepare_cached(sql)
-            .await
-            .map_err(|error| pg_error(operation, error))
-    }
-
-    /// Sends the deferred writes, then `last`, in one flight, and returns what `last` returns.
-    async fn pipeline<T>(
+    /// Sends the deferred statements, then `statements`, in one pipeline; returns what
+    /// `statements` returned, or the first error with the index (among all the statements sent)
+    /// of the one that failed.
+    async fn flight(
         &mut self,
-        last: impl Future<Output = Result<T, StoreError>> + Send,
-    ) -> Result<T, StoreError> {
+        statements: Vec<Flight<'_>>,
+    ) -> Result<Vec<tokio_postgres::Pipelined>, (usize, StoreError)> {
         let pending = std::mem::take(&mut self.pending);
-        if pending.is_empty() {
-            return last.await;
-        }
-        let client = self.client;
-        let mut prepared = Vec::with_capacity(pending.len());
-        for deferred in &pending {
-            prepared.push(match deferred {
-                Deferred::Begin => None,
-                Deferred::Statement {
-                    operation,
-                    sql,
-                    params,
-                } => Some((
-                    *operation,
-                    self.prepare(operation, sql).await?,
-                    params.iter().map(pg_param).collect::<Vec<_>>(),
-                )),
-            });
-        }
-        let writes: Vec<Flight<'_, ()>> = prepared
+        let deferred = pending.len();
+        let all: Vec<Flight<'_>> = pending
             .iter()
-            .map(|prepared| -> Flight<'_, ()> {
-                match prepared {
-                    None => Box::pin(async move {
-                        client
-                            .batch_execute("BEGIN")
-                            .await
-                            .map_err(|error| pg_error("begin a transaction", error))
-                    }),
-                    Some((operation, statement, params)) => Box::pin(async move {
-                        client
-                            .execute(statement, params)
-                            .await
-                            .map(drop)
-                            .map_err(|error| pg_error(operation, error))
-                    }),
-                }
-            })
+            .map(|d| (d.operation, d.sql, d.params.iter().map(pg_param).collect()))
+            .chain(statements)
             .collect();
-        Ok(in_order(writes, last).await?.1)
+        let mut prepared = Vec::with_capacity(all.len());
+        for (index, (operation, sql, _)) in all.iter().enumerate() {
+            let statement = self
+                .client
+                .prepare_cached(sql)
+                .await
+                .map_err(|error| (index, pg_error(operation, error)))?;
+            prepared.push(statement);
+        }
+        let items: Vec<(&Statement, &[&(dyn ToSql + Sync)])> = prepared
+            .iter()
+            .zip(&all)
+            .map(|(statement, (_, _, params))| (statement, params.as_slice()))
+            .collect();
+        self.sent = true;
+        let mut results = self.client.pipeline(&items).await.map_err(|failed| {
+            let operation = all
+                .get(failed.index)
+                .map_or("commit", |(operation, ..)| *operation);
+            (failed.index, pg_error(operation, failed.error))
+        })?;
+        Ok(results.split_off(deferred))
     }
 
     /// Sends the remaining writes, `COMMIT` and the [`ANNOUNCE`] statement for the transaction's
     /// notices in one flight; returns the notices for the local subscribers.
     ///
-    /// The announcement is sent before the `COMMIT`'s answer is known, so that a process killed
-    /// after sending its `COMMIT` cannot commit without announcing; its answer is not awaited.
-    /// If the `COMMIT` turns out to have rolled back (a write of the same flight failed), the
-    /// other replicas get notices for events that do not exist, which costs their subscribers a
-    /// read that finds nothing: notices are hints to read after a cursor, and a missed one would
-    /// stall a stream where a spurious one only costs a query.
+    /// The announcement travels in the `COMMIT`'s flight, so a process killed after sending its
+    /// `COMMIT` cannot commit without announcing. It runs after the `COMMIT`, in a transaction of
+    /// its own, and only if the `COMMIT` succeeded. Its own failure does not undo the commit, so
+    /// it is not the transaction's: a notice is a hint to read after a cursor.
     async fn commit(mut self, origin: &str) -> Result<Vec<Notice>, StoreError> {
-        if matches!(self.pending.as_slice(), [Deferred::Begin]) {
-            // Nothing was sent: there is no transaction to commit.
+        if !self.sent && self.pending.len() == 1 {
+            // Only the `BEGIN` is pending: there is no transaction to commit.
             return Ok(Vec::new());
         }
         let notices = std::mem::take(&mut self.notices);
         let (channels, payloads): (Vec<&str>, Vec<String>) =
             notify_payloads(origin, &notices).into_iter().unzip();
-        let announce = if channels.is_empty() {
-            None
-        } else {
-            // Prepared once per connection.
-            Some(self.prepare("announce a change", ANNOUNCE).await?)
-        };
-        let client = self.client;
-        self.pipeline(async move {
-            let mut commit = std::pin::pin!(client.batch_execute("COMMIT"));
-            // The first poll queues the `COMMIT`; the announcement's first poll queues it behind.
-            let first = futures::poll!(commit.as_mut());
-            if let Some(statement) = &announce {
-                let _ = client
-                    .execute(statement, &[&channels, &payloads])
-                    .now_or_never();
-            }
-            match first {
-                Poll::Ready(result) => result,
-                Poll::Pending => commit.await,
-            }
-            .map_err(|error| pg_error("commit", error))
-        })
-        .await?;
-        Ok(notices)
+        let mut statements: Vec<Flight<'_>> = vec![("commit", "COMMIT", Vec::new())];
+        if !channels.is_empty() {
+            statements.push(("announce a change", ANNOUNCE, vec![&channels, &payloads]));
+        }
+        let commit = self.pending.len();
+        match self.flight(statements).await {
+            Ok(_) => Ok(notices),
+            // Committed; only the announcement failed (its queue is full, say).
+            Err((index, _)) if index > commit => Ok(notices),
+            Err((_, error)) => Err(error),
+        }
     }
-}
-
-/// Polls `first` in order and then `last` on every wake-up, so that each request is queued on
-/// the connection in that order; fails with the first error, in that order.
-async fn in_order<A, T>(
-    mut first: Vec<Flight<'_, A>>,
-    last: impl Future<Output = Result<T, StoreError>>,
-) -> Result<(Vec<A>, T), StoreError> {
-    let mut last = std::pin::pin!(last);
-    let mut outputs: Vec<Option<A>> = first.iter().map(|_| None).collect();
-    let mut output = None;
-    std::future::poll_fn(|context| {
-        for (flight, done) in first.iter_mut().zip(outputs.iter_mut()) {
-            if done.is_some() {
-                continue;
-            }
-            match flight.as_mut().poll(context) {
-                Poll::Ready(Ok(value)) => *done = Some(value),
-                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                Poll::Pending => {}
-            }
-        }
-        if output.is_none() {
-            match last.as_mut().poll(context) {
-                Poll::Ready(Ok(value)) => output = Some(value),
-                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                Poll::Pending => {}
-            }
-        }
-        if outputs.iter().all(Option::is_some)
-            && let Some(value) = output.take()
-        {
-            let outputs = std::mem::take(&mut outputs).into_iter().flatten().collect();
-            return Poll::Ready(Ok((outputs, value)));
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 impl Tx for PgTx<'_> {
@@ -942,16 +876,12 @@ impl Tx for PgTx<'_> {
         sql: Sql,
         params: Vec<Param<'_>>,
     ) -> Result<u64, StoreError> {
-        let statement = self.prepare(operation, sql.postgres).await?;
-        let params: Vec<_> = params.iter().map(pg_param).collect();
-        let client = self.client;
-        self.pipeline(async move {
-            client
-                .execute(&statement, &params)
-                .await
-                .map_err(|error| pg_error(operation, error))
-        })
-        .await
+        let params = params.iter().map(pg_param).collect();
+        let results = self
+            .flight(vec![(operation, sql.postgres, params)])
+            .await
+            .map_err(|(_, error)| error)?;
+        Ok(results.first().map_or(0, |result| result.affected))
     }
 
     fn write(
@@ -960,7 +890,7 @@ impl Tx for PgTx<'_> {
         sql: Sql,
         params: Vec<Param<'_>>,
     ) -> Result<(), StoreError> {
-        self.pending.push(Deferred::Statement {
+        self.pending.push(Deferred {
             operation,
             sql: sql.postgres,
             params: params.into_iter().map(Param::into_owned).collect(),
@@ -972,31 +902,18 @@ impl Tx for PgTx<'_> {
         &mut self,
         queries: Vec<Query<'_, T>>,
     ) -> Result<Vec<Vec<T>>, StoreError> {
-        let mut prepared = Vec::with_capacity(queries.len());
-        for query in &queries {
-            let statement = self.prepare(query.operation, query.sql.postgres).await?;
-            let params: Vec<_> = query.params.iter().map(pg_param).collect();
-            prepared.push((query.operation, statement, params));
-        }
-        let client = self.client;
-        let reads: Vec<Flight<'_, Vec<tokio_postgres::Row>>> = prepared
+        let statements = queries
             .iter()
-            .map(|(operation, statement, params)| -> Flight<'_, _> {
-                Box::pin(async move {
-                    client
-                        .query(statement, params)
-                        .await
-                        .map_err(|error| pg_error(operation, error))
-                })
+            .map(|query| {
+                let params = query.params.iter().map(pg_param).collect();
+                (query.operation, query.sql.postgres, params)
             })
             .collect();
-        let (rows, ()) = self
-            .pipeline(in_order(reads, std::future::ready(Ok(()))))
-            .await?;
+        let results = self.flight(statements).await.map_err(|(_, error)| error)?;
         queries
             .iter()
-            .zip(rows)
-            .map(|(query, rows)| rows.iter().map(|row| (query.decode)(row)).collect())
+            .zip(results)
+            .map(|(query, result)| result.rows.iter().map(|row| (query.decode)(row)).collect())
             .collect()
     }
 

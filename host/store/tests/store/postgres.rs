@@ -7,10 +7,15 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use corral_store::testing::PgServer;
-use corral_store::{OpenStoreError, PostgresOptions, PostgresStore, Store, StoreError};
+use corral_store::{
+    CheckpointWrite, NewCheckpoint, NewEvent, OpenStoreError, PostgresOptions, PostgresStore,
+    SessionCommit, SessionStatus, Store, StoreError,
+};
 use libtest_mimic::Trial;
+use serde_json::json;
+use std::sync::atomic::Ordering;
 
-use crate::support::{Harness, Proxy, TestFuture, harness_trial, session};
+use crate::support::{Database, Harness, Proxy, TestFuture, applied, harness_trial, session};
 
 pub fn trials(harness: &Arc<Harness>) -> Vec<Trial> {
     let trial = |name: &str, test: fn(Arc<Harness>) -> TestFuture| {
@@ -34,6 +39,12 @@ pub fn trials(harness: &Arc<Harness>) -> Vec<Trial> {
         }),
         trial("connection_loss_is_retryable_and_recovers", |h| {
             Box::pin(connection_loss_is_retryable_and_recovers(h))
+        }),
+        trial("a_durable_step_is_answered_in_two_flushes", |h| {
+            Box::pin(a_durable_step_is_answered_in_two_flushes(h))
+        }),
+        trial("a_failed_statement_in_a_flight_leaves_nothing", |h| {
+            Box::pin(a_failed_statement_in_a_flight_leaves_nothing(h))
         }),
         trial("tls_against_a_plain_server_fails_clearly", |h| {
             Box::pin(tls_against_a_plain_server_fails_clearly(h))
@@ -173,8 +184,10 @@ async fn a_failing_migration_leaves_nothing_behind(harness: Arc<Harness>) -> any
     Ok(())
 }
 
-async fn connection_loss_is_retryable_and_recovers(harness: Arc<Harness>) -> anyhow::Result<()> {
-    let database = harness.database().await?;
+/// A proxy in front of `database`, and a configuration that connects through it in plain text.
+async fn through_proxy(
+    database: &Database,
+) -> anyhow::Result<(Proxy, corral_store::PostgresConfig)> {
     let host = database
         .config
         .get_hosts()
@@ -189,12 +202,13 @@ async fn connection_loss_is_retryable_and_recovers(harness: Arc<Harness>) -> any
         .await?
         .next()
         .context("resolving the database host")?;
-    let mut proxy = Proxy::start(upstream).await?;
+    let proxy = Proxy::start(upstream).await?;
     // A fresh configuration: `host` and `port` append to the existing lists.
     let mut config = corral_store::PostgresConfig::new();
     config
         .host("127.0.0.1")
         .port(proxy.address.port())
+        .ssl_mode(tokio_postgres::config::SslMode::Disable)
         .connect_timeout(Duration::from_secs(2));
     if let Some(user) = database.config.get_user() {
         config.user(user);
@@ -205,6 +219,12 @@ async fn connection_loss_is_retryable_and_recovers(harness: Arc<Harness>) -> any
     if let Some(name) = database.config.get_dbname() {
         config.dbname(name);
     }
+    Ok((proxy, config))
+}
+
+async fn connection_loss_is_retryable_and_recovers(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let (mut proxy, config) = through_proxy(&database).await?;
     let store = PostgresStore::connect(PostgresOptions::new(config).pool_size(2)).await?;
     session(&store, "s1").await?;
 
@@ -237,6 +257,100 @@ async fn connection_loss_is_retryable_and_recovers(harness: Arc<Harness>) -> any
         "the store did not recover once the database was back"
     );
     store.ping().await?;
+    store.close();
+    database.drop_database().await
+}
+
+/// A durable step (lock the session and read, then append an event, replace the checkpoint,
+/// update the session, `COMMIT` and announce) is two flights, and the server answers each with
+/// one flush: the statements of a flight are pipelined with one `Sync` (the vendored driver's
+/// `Client::pipeline`), not one `Sync` each, which made the server answer and flush eight times
+/// per step. Counted at a proxy, as `ReadyForQuery` messages.
+async fn a_durable_step_is_answered_in_two_flushes(harness: Arc<Harness>) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let (proxy, config) = through_proxy(&database).await?;
+    let store = PostgresStore::connect(PostgresOptions::new(config).pool_size(1)).await?;
+    session(&store, "s1").await?;
+    let mut running = SessionCommit::new("s1");
+    running.patch.status = Some(SessionStatus::Running);
+    running.patch.active_turn_id = Some(Some("t1".to_owned()));
+    applied(store.commit(running).await?)?;
+    let fence = store
+        .acquire_session("s1", "replica-a", Duration::from_secs(60))
+        .await?
+        .fence();
+    let step = |segment: u64| {
+        let mut commit = SessionCommit::new("s1");
+        commit.fence = Some(fence.clone());
+        commit
+            .events
+            .push(NewEvent::new("turn.step", json!({"segment": segment})).in_turn("t1"));
+        commit.checkpoint = Some(CheckpointWrite::Put(NewCheckpoint::new(
+            "t1",
+            segment,
+            json!({"segment": segment}),
+        )));
+        commit
+    };
+    // The first step prepares the statements on the pooled connection.
+    applied(store.commit(step(1)).await?)?;
+    let before = proxy.answers.load(Ordering::SeqCst);
+    for segment in 2..12 {
+        applied(store.commit(step(segment)).await?)?;
+    }
+    let answers = proxy.answers.load(Ordering::SeqCst) - before;
+    ensure!(
+        answers == 20,
+        "10 durable steps made the server answer {answers} times, expected 2 per step"
+    );
+    let events = store.list_events("s1", 0, 100).await?;
+    ensure!(
+        events.len() == 11,
+        "{} events stored, expected 11",
+        events.len()
+    );
+    store.close();
+    database.drop_database().await
+}
+
+/// A flight whose statement fails makes the server skip the rest of it, `COMMIT` included: the
+/// commit fails, nothing of it is stored, and the connection serves the next transaction.
+async fn a_failed_statement_in_a_flight_leaves_nothing(
+    harness: Arc<Harness>,
+) -> anyhow::Result<()> {
+    let database = harness.database().await?;
+    let store =
+        PostgresStore::connect(PostgresOptions::new(database.config.clone()).pool_size(1)).await?;
+    let created = session(&store, "s1").await?;
+    let mut commit = SessionCommit::new("s1");
+    commit.events.push(NewEvent::new("note", json!({"n": 1})));
+    // PostgreSQL's text cannot hold a NUL character: the second insert fails.
+    commit
+        .events
+        .push(NewEvent::new("no\u{0}te", json!({"n": 2})));
+    commit.events.push(NewEvent::new("note", json!({"n": 3})));
+    match store.commit(commit).await {
+        Err(StoreError::Backend { .. }) => {}
+        other => bail!("expected the database's refusal, got {other:?}"),
+    }
+    let after = store.get_session("s1").await?;
+    ensure!(
+        after.version == created.version && after.last_cursor == created.last_cursor,
+        "the failed commit moved the session: {after:?}"
+    );
+    ensure!(
+        store.list_events("s1", 0, 100).await?.is_empty(),
+        "the failed commit stored events"
+    );
+    let mut commit = SessionCommit::new("s1");
+    commit.events.push(NewEvent::new("note", json!({"n": 4})));
+    applied(store.commit(commit).await?)?;
+    let events = store.list_events("s1", 0, 100).await?;
+    ensure!(
+        events.len() == 1,
+        "{} events after the retry, expected 1",
+        events.len()
+    );
     store.close();
     database.drop_database().await
 }

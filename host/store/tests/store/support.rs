@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context as _, anyhow};
@@ -15,6 +15,7 @@ use corral_store::{
 };
 use libtest_mimic::{Failed, Trial};
 use serde_json::json;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -199,9 +200,13 @@ pub fn applied(outcome: CommitOutcome) -> anyhow::Result<CommitReceipt> {
 }
 
 /// A TCP proxy in front of the database that can drop every connection and refuse new ones,
-/// as a network partition or a database crash would.
+/// as a network partition or a database crash would. It counts the `ReadyForQuery` messages
+/// the server sends (one per `Sync` or simple query it answered, each flushed on its own), for
+/// connections that do not negotiate TLS.
 pub struct Proxy {
     pub address: SocketAddr,
+    /// `ReadyForQuery` messages relayed to the clients so far.
+    pub answers: Arc<AtomicU64>,
     upstream: SocketAddr,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     acceptor: Option<JoinHandle<()>>,
@@ -213,6 +218,7 @@ impl Proxy {
         let address = listener.local_addr()?;
         let mut proxy = Self {
             address,
+            answers: Arc::default(),
             upstream,
             tasks: Arc::default(),
             acceptor: None,
@@ -224,11 +230,13 @@ impl Proxy {
     fn accept(&mut self, listener: TcpListener) {
         let tasks = Arc::clone(&self.tasks);
         let upstream = self.upstream;
+        let answers = Arc::clone(&self.answers);
         self.acceptor = Some(tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
+                let answers = Arc::clone(&answers);
                 let relay = tokio::spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        relay(client, server, &answers).await;
                     }
                 });
                 tasks
@@ -261,6 +269,42 @@ impl Proxy {
         let listener = TcpListener::bind(self.address).await?;
         self.accept(listener);
         Ok(())
+    }
+}
+
+/// Copies bytes both ways until either side closes, counting the server's `ReadyForQuery`
+/// messages (type `Z`) as they pass.
+async fn relay(client: TcpStream, server: TcpStream, answers: &AtomicU64) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = tokio::io::copy(&mut client_read, &mut server_write);
+    let down = async {
+        let mut buffer = vec![0u8; 16 * 1024];
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            let read = server_read.read(&mut buffer).await?;
+            if read == 0 {
+                return std::io::Result::Ok(());
+            }
+            client_write.write_all(&buffer[..read]).await?;
+            pending.extend_from_slice(&buffer[..read]);
+            // Every backend message: a type byte, then its length (itself included).
+            while let Some(header) = pending.get(..5) {
+                let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+                let whole = 1 + length as usize;
+                if pending.len() < whole {
+                    break;
+                }
+                if header[0] == b'Z' {
+                    answers.fetch_add(1, Ordering::SeqCst);
+                }
+                pending.drain(..whole);
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
     }
 }
 
