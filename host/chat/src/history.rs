@@ -41,17 +41,19 @@ impl Read {
     }
 }
 
-/// Reads the session's items after `after`, in order.
+/// Reads the session's items after `after`, in order: a short page first (a turn usually
+/// finds the few items appended since its previous one, which the embedded store reads on the
+/// caller's task), then long pages.
 pub(crate) async fn read_items(
     store: &dyn Store,
     session_id: &str,
     mut after: u64,
 ) -> Result<Vec<Read>, JournalError> {
     let mut items = Vec::new();
+    let mut limit = corral_store::SHORT_PAGE;
     loop {
-        let page = store
-            .page_items(session_id, after, corral_store::MAX_PAGE)
-            .await?;
+        let page = store.page_items(session_id, after, limit).await?;
+        limit = corral_store::MAX_PAGE;
         for item in page.items {
             items.push(Read::decode(item)?);
         }

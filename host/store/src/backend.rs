@@ -163,7 +163,16 @@ impl<B: Backend> Store for B {
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
         let session_id = session_id.to_owned();
-        run!(self, "page_items", false, |tx| engine::page_items(
+        if limit <= crate::SHORT_PAGE {
+            // Named apart: the embedded store runs it inline (`sqlite::INLINE_OPERATIONS`).
+            return run!(self, "page_items", false, |tx| engine::page_items(
+                tx,
+                &session_id,
+                after,
+                limit
+            ));
+        }
+        run!(self, "page_items (long)", false, |tx| engine::page_items(
             tx,
             &session_id,
             after,

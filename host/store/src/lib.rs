@@ -94,7 +94,7 @@ pub use model::{
     Effect, EffectKind, EffectStatus, EffectTransition, Event, ExecutorScope, Fence,
     HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAction, NewAgent, NewCheckpoint,
     NewCommand, NewEffect, NewEvent, NewItem, NewSession, Resolution, RetentionPolicy,
-    RetentionReport, Session, SessionCommit, SessionCount, SessionFilter, SessionOwner,
+    RetentionReport, SHORT_PAGE, Session, SessionCommit, SessionCount, SessionFilter, SessionOwner,
     SessionPatch, SessionStatus, StoreBackend, Timestamp, TurnEffects,
 };
 pub use postgres::{PostgresConfig, PostgresHost, PostgresOptions, PostgresStore};

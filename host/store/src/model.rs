@@ -1248,6 +1248,12 @@ impl fmt::Display for StoreBackend {
 /// The largest page [`crate::Store::list_events`] and [`crate::Store::page_items`] return.
 pub const MAX_PAGE: usize = 1000;
 
+/// The longest page of [`crate::Store::page_items`] the embedded store reads on the caller's
+/// task when its connection is free, as it does a step (a few rows: tens of microseconds); a
+/// longer page goes to the blocking pool, so a worker never stalls on a thousand items. A turn
+/// that reads the few items appended since its previous one asks for a page this short first.
+pub const SHORT_PAGE: usize = 32;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -810,9 +810,11 @@ impl<'c> PgTx<'c> {
             .collect();
         self.sent = true;
         let mut results = self.client.pipeline(&items).await.map_err(|failed| {
+            // An index past the last statement: the flight's closing answer.
             let operation = all
                 .get(failed.index)
-                .map_or("commit", |(operation, ..)| *operation);
+                .or(all.last())
+                .map_or("send a flight", |(operation, ..)| *operation);
             (failed.index, pg_error(operation, failed.error))
         })?;
         Ok(results.split_off(deferred))

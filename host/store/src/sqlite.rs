@@ -94,8 +94,8 @@ struct Inner {
 /// the file can hold.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The operations that may run on the calling task: one session's step or a lookup by key,
-/// tens of microseconds. Listings, counts, retention, erasure, recovery and the claim of a
+/// The operations that may run on the calling task: one session's step, a lookup by key or a
+/// short page of items, tens of microseconds. Listings, counts, retention, erasure, recovery and the claim of a
 /// runnable session (which scans every runnable and running session) may touch thousands of
 /// rows: they always run on the blocking pool.
 const INLINE_OPERATIONS: &[&str] = &[
@@ -111,6 +111,8 @@ const INLINE_OPERATIONS: &[&str] = &[
     "append_event",
     "begin_effect",
     "turn_effects",
+    // A page of at most `SHORT_PAGE` items; a longer one is `page_items (long)`.
+    "page_items",
     "run_command",
     "finish_segment",
     "acquire_session",

@@ -60,6 +60,10 @@ pub fn trials() -> Vec<Trial> {
             "a_write_waits_for_a_lock_another_program_holds",
             a_write_waits_for_a_lock_another_program_holds,
         ),
+        trial(
+            "a_short_page_of_items_is_read_on_the_callers_task",
+            a_short_page_of_items_is_read_on_the_callers_task,
+        ),
     ]
 }
 
@@ -456,6 +460,53 @@ fn a_write_waits_for_a_lock_another_program_holds() -> anyhow::Result<()> {
         Ok(())
     })
     .map_err(|failure| anyhow::anyhow!("{failure:?}"))
+}
+
+/// A page of at most `SHORT_PAGE` items (what a turn reads of its conversation: the items since
+/// its previous turn) is read on the caller's task when the connection is free, as a step is; a
+/// longer page goes to the blocking pool. Shown with the pool's one thread held: the short page
+/// is read regardless, the long one only once the thread is let go.
+fn a_short_page_of_items_is_read_on_the_callers_task() -> anyhow::Result<()> {
+    let folder = tempfile::tempdir()?;
+    let path = folder.path().join("corral.db");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = SqliteStore::open(&path)?;
+        session(&store, "s1").await?;
+        let mut commit = SessionCommit::new("s1");
+        for n in 0..40 {
+            commit.items.push(NewItem::new(json!({"n": n})));
+        }
+        applied(store.commit(commit).await?)?;
+
+        let (held, release) = std::sync::mpsc::channel::<()>();
+        let holder = tokio::task::spawn_blocking(move || release.recv());
+        let short = tokio::time::timeout(
+            Duration::from_secs(30),
+            store.page_items("s1", 0, corral_store::SHORT_PAGE),
+        )
+        .await
+        .context("a short page waited for the blocking pool")??;
+        ensure!(short.items.len() == corral_store::SHORT_PAGE, "{short:?}");
+
+        let long = store.page_items("s1", 0, corral_store::SHORT_PAGE + 1);
+        let mut long = std::pin::pin!(long);
+        ensure!(
+            tokio::time::timeout(Duration::from_millis(50), long.as_mut())
+                .await
+                .is_err(),
+            "a long page was read without the blocking pool"
+        );
+        held.send(())?;
+        holder.await??;
+        let long = long.await?;
+        ensure!(long.items.len() == corral_store::SHORT_PAGE + 1, "{long:?}");
+        anyhow::Ok(())
+    })
 }
 
 fn an_unusable_path_is_an_io_error() -> anyhow::Result<()> {
