@@ -95,9 +95,9 @@ struct Inner {
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The operations that may run on the calling task: one session's step, a lookup by key or a
-/// short page of items, tens of microseconds. Listings, counts, retention, erasure, recovery and the claim of a
-/// runnable session (which scans every runnable and running session) may touch thousands of
-/// rows: they always run on the blocking pool.
+/// short page of items, tens of microseconds. Listings, counts, retention, erasure, recovery
+/// and the claim of a runnable session (which scans every runnable and running session) may
+/// touch thousands of rows: they always run on the blocking pool.
 const INLINE_OPERATIONS: &[&str] = &[
     "ping",
     "get_agent",

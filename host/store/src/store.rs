@@ -112,8 +112,8 @@ pub trait Store: Send + Sync + fmt::Debug {
     ) -> Result<Vec<Event>, StoreError>;
 
     /// Up to `limit` conversation items with a sequence number greater than `after`, in order;
-    /// `limit` must be 1..=[`crate::MAX_PAGE`] (at most [`crate::SHORT_PAGE`]: cheap enough for
-    /// the embedded store to read on the caller's task).
+    /// `limit` must be 1..=[`crate::MAX_PAGE`]. A page of at most [`crate::SHORT_PAGE`] items is
+    /// cheap enough for the embedded store to read on the caller's task.
     async fn page_items(
         &self,
         session_id: &str,
