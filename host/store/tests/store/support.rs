@@ -201,12 +201,12 @@ pub fn applied(outcome: CommitOutcome) -> anyhow::Result<CommitReceipt> {
 
 /// A TCP proxy in front of the database that can drop every connection and refuse new ones,
 /// as a network partition or a database crash would. It counts the `ReadyForQuery` messages
-/// the server sends (one per `Sync` or simple query it answered, each flushed on its own), for
-/// connections that do not negotiate TLS.
+/// the server sends on each connection (one per `Sync` or simple query it answered, each
+/// flushed on its own), for connections that do not negotiate TLS.
 pub struct Proxy {
     pub address: SocketAddr,
-    /// `ReadyForQuery` messages relayed to the clients so far.
-    pub answers: Arc<AtomicU64>,
+    /// `ReadyForQuery` messages relayed so far, per connection, in the order they were accepted.
+    answers: Arc<Mutex<Vec<Arc<AtomicU64>>>>,
     upstream: SocketAddr,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     acceptor: Option<JoinHandle<()>>,
@@ -233,7 +233,12 @@ impl Proxy {
         let answers = Arc::clone(&self.answers);
         self.acceptor = Some(tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let answers = Arc::clone(&answers);
+                let counted = Arc::<AtomicU64>::default();
+                answers
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(Arc::clone(&counted));
+                let answers = counted;
                 let relay = tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
                         relay(client, server, &answers).await;
@@ -262,6 +267,17 @@ impl Proxy {
         for task in tasks {
             let _ = task.await;
         }
+    }
+
+    /// The `ReadyForQuery` messages relayed so far on each connection, in the order they were
+    /// accepted.
+    pub fn answers(&self) -> Vec<u64> {
+        self.answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|count| count.load(Ordering::SeqCst))
+            .collect()
     }
 
     /// Listens again on the same address.
