@@ -279,7 +279,7 @@ async fn an_empty_object_argument_skips_json_stringify() {
 
 // ---- vendored crates (host/vendor) ------------------------------------------------------------
 
-/// Cargo.lock's and Cargo.toml's text, from the workspace's root.
+/// A file's text, by its path from the workspace's root.
 fn workspace_file(path: &str) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     match std::fs::read_to_string(root.join(path)) {

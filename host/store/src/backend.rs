@@ -53,7 +53,7 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug + 'static {
 /// `run!(self, "op", write, |tx| engine_call)`: the engine call runs in one transaction; the
 /// captured arguments must be owned.
 macro_rules! run {
-    ($store:expr, $operation:literal, $write:expr, |$tx:ident| $body:expr) => {{
+    ($store:expr, $operation:expr, $write:expr, |$tx:ident| $body:expr) => {{
         $store.feed().count_transaction();
         $store
             .transact($operation, $write, move |$tx| {
@@ -163,16 +163,13 @@ impl<B: Backend> Store for B {
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
         let session_id = session_id.to_owned();
-        if limit <= crate::SHORT_PAGE {
-            // Named apart: the embedded store runs it inline (`sqlite::INLINE_OPERATIONS`).
-            return run!(self, "page_items", false, |tx| engine::page_items(
-                tx,
-                &session_id,
-                after,
-                limit
-            ));
-        }
-        run!(self, "page_items (long)", false, |tx| engine::page_items(
+        // Named apart: the embedded store runs a short page inline (`sqlite::INLINE_OPERATIONS`).
+        let operation = if limit <= crate::SHORT_PAGE {
+            "page_items"
+        } else {
+            "page_items (long)"
+        };
+        run!(self, operation, false, |tx| engine::page_items(
             tx,
             &session_id,
             after,
