@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use corral_store::{
     BeginEffect, BeginEffectOutcome, CheckpointWrite, Effect, EffectKind, EffectStatus,
     EffectTransition, Fence, NewAction, NewCheckpoint, NewEffect, NewEvent, SessionCommit, Store,
-    StoreError, Timestamp,
+    StoreError, Timestamp, TurnEffects,
 };
 use serde_json::Value;
 
@@ -132,8 +132,10 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
-    /// Like [`ConversationStore::flush`], but only when events wait in the journal: called
+    /// Makes the events the journal holds visible soon, without waiting for them: called
     /// before a script starts, so the stream shows what led to it while it runs.
+    /// [`StoreJournal`] commits them with the script's first durable write or at the end of
+    /// its result window ([`RESULT_WINDOW`]), whichever comes first.
     async fn publish(&self) -> Result<(), JournalError> {
         Ok(())
     }
@@ -202,6 +204,19 @@ struct Known {
     effects: HashMap<String, Effect>,
     /// The session's model calls in other turns.
     model_calls_elsewhere: u64,
+}
+
+impl From<TurnEffects> for Known {
+    fn from(turn: TurnEffects) -> Self {
+        let mut known = Known {
+            model_calls_elsewhere: turn.model_calls_elsewhere,
+            ..Known::default()
+        };
+        for effect in turn.effects {
+            known.add(effect);
+        }
+        known
+    }
 }
 
 impl Known {
@@ -325,14 +340,7 @@ impl StoreJournal {
                     .store
                     .turn_effects(&self.committer.session_id, &self.turn_id)
                     .await?;
-                let mut known = Known {
-                    model_calls_elsewhere: turn.model_calls_elsewhere,
-                    ..Known::default()
-                };
-                for effect in turn.effects {
-                    known.add(effect);
-                }
-                Ok::<_, JournalError>(Mutex::new(known))
+                Ok::<_, JournalError>(Mutex::new(Known::from(turn)))
             })
             .await
     }
@@ -361,6 +369,14 @@ impl StoreJournal {
     /// set): a longer window saves more commits and leaves a result in memory longer.
     pub fn with_result_window(mut self, window: std::time::Duration) -> Self {
         self.result_window = window;
+        self
+    }
+
+    /// Starts from `turn`, the turn's journal as the caller read it under the same lease (with
+    /// the lease's claim, say), instead of reading it on first use.
+    pub fn with_turn_effects(self, turn: TurnEffects) -> Self {
+        // Set once, on a journal not used yet: it cannot be set already.
+        let _ = self.known.set(Mutex::new(Known::from(turn)));
         self
     }
 
@@ -393,10 +409,14 @@ impl StoreJournal {
             add(held);
             armed = std::mem::replace(&mut held.timer_armed, true);
         })?;
-        if armed {
-            // The timer running ends before this window does, and commits all that is held then.
-            return Ok(());
+        if !armed {
+            self.commit_at_window_end();
         }
+        Ok(())
+    }
+
+    /// Commits all that is held at the end of the result window (the caller armed the timer).
+    fn commit_at_window_end(&self) {
         // Weak: a journal dropped without its run's end (the run's task aborted) loses what it
         // holds, as a process that dies does, and the store is not kept open past it.
         let committer = Arc::downgrade(&self.committer);
@@ -414,7 +434,6 @@ impl StoreJournal {
             // A failure is kept in `held.failure` and reported by the journal's next write.
             let _ = committer.commit_through(upto).await;
         });
-        Ok(())
     }
 
     async fn commit_through(&self, ticket: u64) -> Result<(), JournalError> {
@@ -623,10 +642,23 @@ impl ConversationStore for StoreJournal {
         self.commit_through(ticket).await
     }
 
+    /// Events held go with the script's first durable write (its first call), else at the end
+    /// of the result window: a commit of their own before every script cost a commit per turn
+    /// (figures in `bench/REPORT.md`, "One commit fewer before a script").
     async fn publish(&self) -> Result<(), JournalError> {
-        if lock(&self.committer.held).events.is_empty() {
-            return Ok(());
+        let armed = {
+            let mut held = lock(&self.committer.held);
+            if let Some(failure) = &held.failure {
+                return Err(JournalError::Failed(failure.clone()));
+            }
+            if held.events.is_empty() {
+                return Ok(());
+            }
+            std::mem::replace(&mut held.timer_armed, true)
+        };
+        if !armed {
+            self.commit_at_window_end();
         }
-        self.flush().await
+        Ok(())
     }
 }

@@ -444,6 +444,7 @@ impl TurnRunner for ChatTurnRunner {
                 Some(job.fence.clone()),
                 job.segment,
             )
+            .with_turn_effects(job.journal.clone())
             .with_history_cache(Arc::clone(&self.history)),
         );
         let sink = Arc::new(StoreSink {

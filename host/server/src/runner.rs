@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use corral_store::{Fence, Session, Store};
+use corral_store::{Fence, Session, Store, TurnEffects};
 use tokio_util::sync::CancellationToken;
 
 /// A paused call waiting for a person, and a person's decision on one: the chat runtime's own
@@ -33,6 +33,8 @@ pub struct TurnJob {
     pub segment: u64,
     /// The live checkpoint's data.
     pub checkpoint: TurnCheckpoint,
+    /// The turn's journal, read when the lease was taken.
+    pub journal: TurnEffects,
     /// Cancelled when the turn is cancelled or the server shuts down.
     pub cancel: CancellationToken,
 }

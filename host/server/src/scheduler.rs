@@ -147,6 +147,7 @@ async fn run_segment(
         turn_id: segment.turn_id,
         segment: segment.segment,
         checkpoint: segment.checkpoint,
+        journal: segment.journal,
         cancel: cancel.clone(),
     };
     let runner = Arc::clone(&runtime.runner);

@@ -23,6 +23,7 @@ use crate::model::{
     Action, ActionGuard, ActionStatus, ActionTransition, CheckpointWrite, CommandRecord,
     CommitOutcome, EffectStatus, EffectTransition, ExecutorScope, Fence, Lease, NewCheckpoint,
     NewCommand, NewEvent, NewItem, Resolution, Session, SessionCommit, SessionStatus, Timestamp,
+    TurnEffects,
 };
 use crate::tx::{Found, Reads};
 
@@ -164,6 +165,8 @@ pub struct Segment {
     pub segment: u64,
     /// The live checkpoint.
     pub checkpoint: TurnCheckpoint,
+    /// The turn's journal, read under the new lease ([`crate::Store::turn_effects`]).
+    pub journal: TurnEffects,
     /// Effects a previous holder left in flight, now uncertain.
     pub effects_uncertain: usize,
 }
@@ -848,14 +851,18 @@ pub(crate) async fn start_segment<T: Tx>(
     let now = tx.now().await?;
     engine::take_ownership(&mut session, replica_id, lease, now);
     let granted = engine::grant(&session)?;
-    // What the previous holder left in flight and the checkpoint to run from, in one flight.
+    // What the previous holder left in flight, the checkpoint to run from and the turn's
+    // journal (the run's first read), in one flight. The journal is as the run will find it:
+    // were any of its effects in flight, the session becomes uncertain and nothing runs.
     let reads = Reads {
         session_id: &session.id,
         checkpoint: true,
         effects_in: Some(EffectStatus::Invoking),
+        turn: session.active_turn_id.as_deref(),
         ..Reads::default()
     };
-    let found = tx.read(&reads).await?;
+    let mut found = tx.read(&reads).await?;
+    let journal = found.turn.take().unwrap_or_default();
     // Whatever was in flight when the previous holder stopped may or may not have happened.
     let effects_uncertain =
         engine::mark_uncertain(tx, &mut session, found.in_status, TAKEN_OVER, now).await?;
@@ -909,6 +916,7 @@ pub(crate) async fn start_segment<T: Tx>(
         turn_id,
         segment,
         checkpoint,
+        journal,
         effects_uncertain,
     })))
 }

@@ -37,6 +37,10 @@ pub(crate) enum Fetched {
     InStatus(Effect),
     /// One of the session's actions ([`Reads::session_actions`]).
     SessionAction(Action),
+    /// One of [`Reads::turn`]'s effects.
+    TurnEffect(Effect),
+    /// How many model calls the session's other turns journaled ([`Reads::turn`]).
+    ModelCallsElsewhere(i64),
 }
 
 /// Reads a transaction makes together, about one session, after locking it if asked: they do
@@ -59,6 +63,8 @@ pub(crate) struct Reads<'a> {
     pub(crate) effects_in: Option<EffectStatus>,
     /// All of the session's actions.
     pub(crate) session_actions: bool,
+    /// This turn's journal ([`TurnEffects`]).
+    pub(crate) turn: Option<&'a str>,
 }
 
 impl<'a> Reads<'a> {
@@ -127,6 +133,20 @@ impl<'a> Reads<'a> {
                 decode: |row| sql::decode_action(row).map(Fetched::SessionAction),
             });
         }
+        if let Some(turn) = self.turn {
+            queries.push(Query {
+                operation: "list a turn's effects",
+                sql: sql::TURN_EFFECTS,
+                params: args![self.session_id, turn],
+                decode: |row| sql::decode_effect(row).map(Fetched::TurnEffect),
+            });
+            queries.push(Query {
+                operation: "count the other turns' effects",
+                sql: sql::EFFECTS_OF_KIND_ELSEWHERE,
+                params: args![self.session_id, turn, EffectKind::ModelCall.as_str()],
+                decode: |row| row.int(0).map(Fetched::ModelCallsElsewhere),
+            });
+        }
         queries
     }
 }
@@ -147,6 +167,8 @@ pub(crate) struct Found {
     pub(crate) in_status: Vec<Effect>,
     /// The session's actions, when [`Reads::session_actions`] asked for them.
     pub(crate) session_actions: Vec<Action>,
+    /// [`Reads::turn`]'s journal, when asked for.
+    pub(crate) turn: Option<TurnEffects>,
 }
 
 impl Found {
@@ -174,6 +196,13 @@ impl Found {
                 Fetched::Checkpoint(checkpoint) => found.checkpoint = Some(checkpoint),
                 Fetched::InStatus(effect) => found.in_status.push(effect),
                 Fetched::SessionAction(action) => found.session_actions.push(action),
+                Fetched::TurnEffect(effect) => {
+                    found.turn.get_or_insert_default().effects.push(effect);
+                }
+                Fetched::ModelCallsElsewhere(count) => {
+                    found.turn.get_or_insert_default().model_calls_elsewhere =
+                        u64::try_from(count).unwrap_or(0);
+                }
             }
         }
         found

@@ -258,6 +258,98 @@ async fn a_result_is_committed_alone_at_the_end_of_its_window() {
     drop(journal);
 }
 
+/// The events that led to a script wait for its first call's begin (the call must be durable
+/// before it is made anyway) instead of taking a commit of their own before the script starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_before_a_script_go_with_its_first_call() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let long = Duration::from_secs(3600);
+    let journal =
+        StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0).with_result_window(long);
+    // The turn's journal is read on first use: read it before counting.
+    assert_eq!(must(journal.lookup("t1:s0:model").await), None);
+    append(&journal, "tool.started").await;
+    let before = store.transactions();
+    must(journal.publish().await);
+    assert_eq!(store.transactions(), before, "publish committed alone");
+    assert!(events(&store).await.is_empty());
+    let call = "t1:s0:t0:b0:c0";
+    let before = store.transactions();
+    assert_eq!(
+        begin(&journal, call, EffectKind::CapabilityCall).await,
+        Journaled::New
+    );
+    assert_eq!(
+        store.transactions() - before,
+        1,
+        "the call's begin and the events"
+    );
+    assert_eq!(
+        events(&store)
+            .await
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect::<Vec<_>>(),
+        ["tool.started"]
+    );
+    assert_eq!(
+        statuses(&store).await,
+        [(call.to_owned(), EffectStatus::Invoking)]
+    );
+}
+
+/// A script that makes no call still shows what led to it while it runs: the events are
+/// committed at the end of the result window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_before_a_script_without_calls_are_committed_within_the_window() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let mut committed = store.subscribe_events();
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
+    append(&journal, "tool.started").await;
+    must(journal.publish().await);
+    // Nothing else is written through the journal: the window's end commits the event, whose
+    // notice is the sign (the timeout only guards against a hang).
+    let notice = tokio::time::timeout(Duration::from_secs(60), committed.recv()).await;
+    assert_eq!(must(must(notice)).session_id, "s1");
+    assert_eq!(
+        events(&store)
+            .await
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect::<Vec<_>>(),
+        ["tool.started"]
+    );
+    drop(journal);
+}
+
+/// Given the turn's journal as the lease's claim read it, a run reads nothing more to start:
+/// its replay and its count of model calls come from that copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_given_its_turn_reads_nothing_on_first_use() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let first = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
+    let model = "t1:s0:model";
+    assert_eq!(
+        begin(&first, model, EffectKind::ModelCall).await,
+        Journaled::New
+    );
+    must(first.complete(model, json!({"ok": {"text": "hi"}})).await);
+    must(first.flush().await);
+    drop(first);
+    let turn = must(store.turn_effects("s1", "t1").await);
+    let before = store.transactions();
+    let next = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0).with_turn_effects(turn);
+    assert_eq!(
+        begin(&next, model, EffectKind::ModelCall).await,
+        Journaled::Completed(json!({"ok": {"text": "hi"}}))
+    );
+    assert_eq!(must(next.model_calls_before("t1").await), 0);
+    assert_eq!(store.transactions(), before, "the journal read the store");
+}
+
 /// A result's commit that fails in the background fails the journal's next write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_background_commit_fails_the_next_write() {

@@ -101,6 +101,7 @@ conformance!(
     approve_and_respond_decide_the_interaction_a_turn_is_paused_on,
     start_segment_runs_each_runnable_session_on_one_replica,
     start_segment_settles_a_session_with_nothing_to_run,
+    start_segment_hands_the_run_its_turns_journal,
     a_completed_segment_ends_the_turn_and_releases_the_lease,
     a_failed_segment_fails_the_turn,
     a_waiting_turn_runs_again_when_a_result_lands_during_its_segment,
@@ -2843,6 +2844,56 @@ async fn start_segment_runs_each_runnable_session_on_one_replica(
     ensure!(distinct.len() == won.len(), "a session won twice: {won:?}");
     won.sort();
     ensure!(won == ids, "won {won:?}");
+    Ok(())
+}
+
+/// The claim reads the turn's journal in its own transaction, so the run starts without a read
+/// of its own: the turn's effects as the lease found them, and the other turns' model calls.
+async fn start_segment_hands_the_run_its_turns_journal(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    let earlier = model_call("t0:s0:model", "t0", json!({}));
+    store.begin_effect(BeginEffect::new("s1", earlier)).await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let first = start(store, "r1").await?;
+    ensure!(
+        first.journal.effects.is_empty() && first.journal.model_calls_elsewhere == 1,
+        "a fresh turn's journal: {:?}",
+        first.journal
+    );
+    // The segment journals a model call and its result, then stops without an outcome (a
+    // shutdown): the next claim finds them.
+    let fence = first.lease.fence();
+    let mut begin = BeginEffect::new("s1", model_call("t1:s0:model", "t1", json!({})));
+    begin.fence = Some(fence.clone());
+    store.begin_effect(begin).await?;
+    let mut commit = SessionCommit::new("s1");
+    commit.fence = Some(fence.clone());
+    commit.effects.push(
+        EffectTransition::new(
+            "t1:s0:model",
+            &[EffectStatus::Invoking],
+            EffectStatus::Completed,
+        )
+        .with_result(json!({"ok": "hi"})),
+    );
+    applied(store.commit(commit).await?)?;
+    store
+        .finish_segment(&fence, "t1", SegmentOutcome::Cancelled, None)
+        .await?;
+    let second = start(&*f.peer, "r2").await?;
+    let journal: Vec<(&str, EffectStatus)> = second
+        .journal
+        .effects
+        .iter()
+        .map(|e| (e.effect_id.as_str(), e.status))
+        .collect();
+    ensure!(
+        journal == [("t1:s0:model", EffectStatus::Completed)],
+        "the second segment's journal: {journal:?}"
+    );
+    ensure!(second.journal.effects[0].result == Some(json!({"ok": "hi"})));
+    ensure!(second.journal.model_calls_elsewhere == 1);
     Ok(())
 }
 
