@@ -126,10 +126,16 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
     /// Makes the permission checkpoint durable. Called before the permission event is emitted.
     async fn save_checkpoint(&self, checkpoint: &SuspensionContext) -> Result<(), JournalError>;
 
-    /// Makes durable whatever the journal still holds back (see [`StoreJournal`]). A run calls
-    /// it before it returns.
+    /// Makes durable whatever the journal still holds back (see [`StoreJournal`]).
     async fn flush(&self) -> Result<(), JournalError> {
         Ok(())
+    }
+
+    /// Called once when a run ends, before it returns: what the journal still holds is durable
+    /// before the run's outcome is. [`StoreJournal`] flushes, unless its caller takes what it
+    /// holds to commit with the outcome ([`StoreJournal::leaving_its_end_to_the_caller`]).
+    async fn end(&self) -> Result<(), JournalError> {
+        self.flush().await
     }
 
     /// Makes the events the journal holds visible soon, without waiting for them: called
@@ -179,6 +185,8 @@ pub struct StoreJournal {
     result_window: std::time::Duration,
     /// The conversations this process ran lately, when shared with the journal.
     history_cache: Option<Arc<HistoryCache>>,
+    /// Whether the run's end leaves what is held to the caller ([`StoreJournal::take_held`]).
+    caller_ends: bool,
 }
 
 /// How long a model call's or a capability's result waits for the journal's next commit before
@@ -249,6 +257,17 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Committer {
+    /// What is held, as one commit under the journal's fence.
+    fn take(&self, held: &mut Held) -> SessionCommit {
+        let mut commit = SessionCommit::new(self.session_id.clone());
+        commit.new_effects = std::mem::take(&mut held.new_effects);
+        commit.effects = std::mem::take(&mut held.transitions);
+        commit.checkpoint = held.checkpoint.take();
+        commit.events = std::mem::take(&mut held.events);
+        commit.fence = self.fence.clone();
+        commit
+    }
+
     fn hold(&self, add: impl FnOnce(&mut Held)) -> Result<u64, JournalError> {
         let mut held = lock(&self.held);
         if let Some(failure) = &held.failure {
@@ -263,8 +282,7 @@ impl Committer {
     /// that was committing when it asked (group commit).
     async fn commit_through(&self, ticket: u64) -> Result<(), JournalError> {
         let _committing = self.committing.lock().await;
-        let mut commit = SessionCommit::new(self.session_id.clone());
-        let upto = {
+        let (commit, upto) = {
             let mut held = lock(&self.held);
             if let Some(failure) = &held.failure {
                 return Err(JournalError::Failed(failure.clone()));
@@ -272,13 +290,8 @@ impl Committer {
             if held.committed >= ticket {
                 return Ok(());
             }
-            commit.new_effects = std::mem::take(&mut held.new_effects);
-            commit.effects = std::mem::take(&mut held.transitions);
-            commit.checkpoint = held.checkpoint.take();
-            commit.events = std::mem::take(&mut held.events);
-            held.added
+            (self.take(&mut held), held.added)
         };
-        commit.fence = self.fence.clone();
         match self.store.commit(commit).await {
             Ok(_) => {
                 lock(&self.held).committed = upto;
@@ -316,6 +329,7 @@ impl StoreJournal {
             known: tokio::sync::OnceCell::new(),
             result_window: RESULT_WINDOW,
             history_cache: None,
+            caller_ends: false,
         }
     }
 
@@ -378,6 +392,36 @@ impl StoreJournal {
         // Set once, on a journal not used yet: it cannot be set already.
         let _ = self.known.set(Mutex::new(Known::from(turn)));
         self
+    }
+
+    /// Leaves what the journal holds at the run's end to the caller, who takes it
+    /// ([`StoreJournal::take_held`]) and commits it with the run's outcome in one transaction
+    /// (`corral serve`'s `finish_segment`), instead of a commit of its own before the outcome's.
+    pub fn leaving_its_end_to_the_caller(mut self) -> Self {
+        self.caller_ends = true;
+        self
+    }
+
+    /// Takes what the journal holds, as one commit under its fence (`None`: nothing is held),
+    /// after any commit in flight; from then on the caller answers for it, as the journal's
+    /// next commit would have. Fails with the journal's failure if a commit failed.
+    pub async fn take_held(&self) -> Result<Option<SessionCommit>, JournalError> {
+        let committer = &self.committer;
+        let _committing = committer.committing.lock().await;
+        let mut held = lock(&committer.held);
+        if let Some(failure) = &held.failure {
+            return Err(JournalError::Failed(failure.clone()));
+        }
+        if held.committed >= held.added {
+            return Ok(None);
+        }
+        held.committed = held.added;
+        let commit = committer.take(&mut held);
+        let empty = commit.new_effects.is_empty()
+            && commit.effects.is_empty()
+            && commit.checkpoint.is_none()
+            && commit.events.is_empty();
+        Ok((!empty).then_some(commit))
     }
 
     /// Reads the conversation through `cache`: only what was added since this process last
@@ -640,6 +684,16 @@ impl ConversationStore for StoreJournal {
         // Everything added so far, a commit in flight included: it is waited for.
         let ticket = lock(&self.committer.held).added;
         self.commit_through(ticket).await
+    }
+
+    async fn end(&self) -> Result<(), JournalError> {
+        if !self.caller_ends {
+            return self.flush().await;
+        }
+        match &lock(&self.committer.held).failure {
+            Some(failure) => Err(JournalError::Failed(failure.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Events held go with the script's first durable write (its first call), else at the end

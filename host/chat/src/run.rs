@@ -293,7 +293,7 @@ async fn run_turn(ctx: &CancellationToken, input: Input) -> Result<RunResult, Ru
     // Closing the executor on every exit: completion, suspension, waiting, failure, cancel.
     turn.executor = None;
     // What the journal still holds back is durable before the run's outcome is.
-    if let Err(error) = turn.store.flush().await
+    if let Err(error) = turn.store.end().await
         && result.is_ok()
     {
         return Err(RunError::Store(error));

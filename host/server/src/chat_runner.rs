@@ -36,7 +36,7 @@ use corral_store::NewEvent;
 use serde_json::{Value, json};
 
 use crate::manifest::{Approval, BUILTIN_CAPABILITIES, Manifest, Mode, ModelSpec};
-use crate::runner::{TurnJob, TurnOutcome, TurnRunner};
+use crate::runner::{Finished, TurnJob, TurnOutcome, TurnRunner};
 use crate::tenancy::public_id;
 
 /// Runs turns with the chat runtime in one shared [`Sandbox`], with one [`McpHub`] for the
@@ -177,6 +177,137 @@ impl ChatTurnRunner {
             self.prepared.keep(key, generation, Arc::clone(&prepared));
         }
         Ok(prepared)
+    }
+
+    /// Runs a segment; with `caller_ends`, what the journal still holds at the end is returned
+    /// for the caller to commit with the outcome, instead of committed before it.
+    async fn execute(&self, job: TurnJob, caller_ends: bool) -> Finished {
+        let prepared = match self.prepare(&job).await {
+            Ok(prepared) => prepared,
+            Err(outcome) => return outcome.into(),
+        };
+        let manifest = &prepared.manifest;
+        let mut fingerprint = format!(
+            "{}@{}",
+            job.session.manifest_hash, job.session.implementation_version
+        );
+        if !prepared.mcp_fingerprint.is_empty() {
+            fingerprint.push_str("+mcp:");
+            fingerprint.push_str(&prepared.mcp_fingerprint);
+        }
+        let redactor = Arc::clone(&prepared.redactor);
+        let checkpoint = &job.checkpoint;
+        // A checkpoint taken at a suspension carries the fingerprint it was taken under; an
+        // approval keeps it. Resuming under another agent definition is refused.
+        let suspended_elsewhere = checkpoint
+            .fingerprint
+            .as_deref()
+            .is_some_and(|taken| taken != fingerprint);
+        if suspended_elsewhere
+            || (!checkpoint.pending.is_empty() && checkpoint.fingerprint.is_none())
+        {
+            return failed(
+                "incompatible_checkpoint",
+                "the agent's catalog, manifest or version changed since the turn paused",
+            )
+            .into();
+        }
+        let mut journal = StoreJournal::new(
+            Arc::clone(&job.store),
+            job.session.id.clone(),
+            job.turn_id.clone(),
+            Some(job.fence.clone()),
+            job.segment,
+        )
+        .with_turn_effects(job.journal.clone())
+        .with_history_cache(Arc::clone(&self.history));
+        if caller_ends {
+            journal = journal.leaving_its_end_to_the_caller();
+        }
+        let journal = Arc::new(journal);
+        let sink = Arc::new(StoreSink {
+            journal: Arc::clone(&journal),
+            deltas: tokio::sync::Mutex::new((0, None)),
+        });
+        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(manifest))
+            .with_redactor(Arc::clone(&redactor));
+        let input = Input {
+            model: Arc::clone(&prepared.model),
+            limits: model_limits(manifest),
+            store: Arc::clone(&journal) as Arc<dyn corral_chat::ConversationStore>,
+            turn_id: job.turn_id.clone(),
+            message: checkpoint.message.clone(),
+            max_steps: manifest.max_steps.unwrap_or(16),
+            sink: Arc::clone(&sink) as Arc<dyn EventSink>,
+            backend: Arc::clone(&prepared.backend),
+            redactor,
+            capabilities: Arc::clone(&prepared.catalog),
+            action_capabilities: prepared.actions.clone(),
+            executor_factory: Some(Arc::new(factory)),
+            instructions: manifest.instructions.clone(),
+            direct_tools: manifest.mode == Mode::Direct,
+            auto_confirm: manifest.auto_confirm,
+            approval: match manifest.approval {
+                Approval::Script => ApprovalPolicy::Script,
+                Approval::Calls => ApprovalPolicy::Calls,
+            },
+            user: Some(script_user(&job.session)),
+            context: InvocationContext {
+                session_id: public_id(&job.session.id).to_owned(),
+                tenant_id: Some(job.session.tenant_id.clone()),
+                user_id: Some(job.session.owner_user_id.clone()),
+                run_id: Some(job.turn_id.clone()),
+                attributes: serde_json::Map::from_iter([(
+                    "agentId".to_owned(),
+                    Value::String(job.session.agent_id.clone()),
+                )]),
+            },
+            fingerprint,
+            decisions: checkpoint.decisions.clone(),
+            resume: None,
+            trace_context: checkpoint.trace_context.clone(),
+        };
+        // The run commits what its journal holds (events included) before it returns, unless
+        // the caller ends it: then it is taken here, to be committed with the outcome.
+        let result = corral_chat::run(&job.cancel, input).await;
+        let held = match journal.take_held().await {
+            Ok(held) => held,
+            // A run whose last commit failed fails so (its own error first).
+            Err(error) if result.is_ok() => {
+                return failed("store_error", error.to_string()).into();
+            }
+            Err(_) => None,
+        };
+        let outcome = match result {
+            Ok(RunResult::Completed {
+                text,
+                usage,
+                steps,
+                items,
+            }) => TurnOutcome::Completed {
+                output: json!({"text": text, "steps": steps, "usage": usage}),
+                items,
+            },
+            Ok(RunResult::Suspended { suspension }) => TurnOutcome::Paused {
+                checkpoint: suspension,
+            },
+            Ok(RunResult::Waiting { effect_ids }) => TurnOutcome::Waiting { effect_ids },
+            Ok(RunResult::Uncertain { effect_ids }) => TurnOutcome::Uncertain { effect_ids },
+            Ok(RunResult::StepBudgetExhausted { steps }) => failed(
+                "step_budget_exhausted",
+                format!("the model was still calling tools after {steps} steps"),
+            ),
+            Ok(RunResult::Cancelled) => TurnOutcome::Cancelled,
+            Ok(RunResult::Failed { code, message }) => failed(&code, message),
+            Ok(other) => failed("internal_error", format!("{other:?}")),
+            Err(RunError::Render(error)) => failed("render_error", error.to_string()),
+            Err(RunError::IncompatibleCheckpoint(message)) => {
+                failed("incompatible_checkpoint", message)
+            }
+            Err(RunError::Usage(message)) => failed("invalid_manifest", message),
+            Err(error) => failed("store_error", error.to_string()),
+        };
+        Finished { outcome, held }
     }
 
     /// Stops the MCP servers (at the server's shutdown).
@@ -407,118 +538,10 @@ impl TurnRunner for ChatTurnRunner {
     }
 
     async fn run(&self, job: TurnJob) -> TurnOutcome {
-        let prepared = match self.prepare(&job).await {
-            Ok(prepared) => prepared,
-            Err(outcome) => return outcome,
-        };
-        let manifest = &prepared.manifest;
-        let mut fingerprint = format!(
-            "{}@{}",
-            job.session.manifest_hash, job.session.implementation_version
-        );
-        if !prepared.mcp_fingerprint.is_empty() {
-            fingerprint.push_str("+mcp:");
-            fingerprint.push_str(&prepared.mcp_fingerprint);
-        }
-        let redactor = Arc::clone(&prepared.redactor);
-        let checkpoint = &job.checkpoint;
-        // A checkpoint taken at a suspension carries the fingerprint it was taken under; an
-        // approval keeps it. Resuming under another agent definition is refused.
-        let suspended_elsewhere = checkpoint
-            .fingerprint
-            .as_deref()
-            .is_some_and(|taken| taken != fingerprint);
-        if suspended_elsewhere
-            || (!checkpoint.pending.is_empty() && checkpoint.fingerprint.is_none())
-        {
-            return failed(
-                "incompatible_checkpoint",
-                "the agent's catalog, manifest or version changed since the turn paused",
-            );
-        }
-        let journal = Arc::new(
-            StoreJournal::new(
-                Arc::clone(&job.store),
-                job.session.id.clone(),
-                job.turn_id.clone(),
-                Some(job.fence.clone()),
-                job.segment,
-            )
-            .with_turn_effects(job.journal.clone())
-            .with_history_cache(Arc::clone(&self.history)),
-        );
-        let sink = Arc::new(StoreSink {
-            journal: Arc::clone(&journal),
-            deltas: tokio::sync::Mutex::new((0, None)),
-        });
-        let factory = SandboxExecutorFactory::new(self.sandbox.clone(), limits_for(manifest))
-            .with_redactor(Arc::clone(&redactor));
-        let input = Input {
-            model: Arc::clone(&prepared.model),
-            limits: model_limits(manifest),
-            store: Arc::clone(&journal) as Arc<dyn corral_chat::ConversationStore>,
-            turn_id: job.turn_id.clone(),
-            message: checkpoint.message.clone(),
-            max_steps: manifest.max_steps.unwrap_or(16),
-            sink: Arc::clone(&sink) as Arc<dyn EventSink>,
-            backend: Arc::clone(&prepared.backend),
-            redactor,
-            capabilities: Arc::clone(&prepared.catalog),
-            action_capabilities: prepared.actions.clone(),
-            executor_factory: Some(Arc::new(factory)),
-            instructions: manifest.instructions.clone(),
-            direct_tools: manifest.mode == Mode::Direct,
-            auto_confirm: manifest.auto_confirm,
-            approval: match manifest.approval {
-                Approval::Script => ApprovalPolicy::Script,
-                Approval::Calls => ApprovalPolicy::Calls,
-            },
-            user: Some(script_user(&job.session)),
-            context: InvocationContext {
-                session_id: public_id(&job.session.id).to_owned(),
-                tenant_id: Some(job.session.tenant_id.clone()),
-                user_id: Some(job.session.owner_user_id.clone()),
-                run_id: Some(job.turn_id.clone()),
-                attributes: serde_json::Map::from_iter([(
-                    "agentId".to_owned(),
-                    Value::String(job.session.agent_id.clone()),
-                )]),
-            },
-            fingerprint,
-            decisions: checkpoint.decisions.clone(),
-            resume: None,
-            trace_context: checkpoint.trace_context.clone(),
-        };
-        // The run commits what its journal holds (events included) before it returns.
-        let result = corral_chat::run(&job.cancel, input).await;
-        match result {
-            Ok(RunResult::Completed {
-                text,
-                usage,
-                steps,
-                items,
-            }) => TurnOutcome::Completed {
-                output: json!({"text": text, "steps": steps, "usage": usage}),
-                items,
-            },
-            Ok(RunResult::Suspended { suspension }) => TurnOutcome::Paused {
-                checkpoint: suspension,
-            },
-            Ok(RunResult::Waiting { effect_ids }) => TurnOutcome::Waiting { effect_ids },
-            Ok(RunResult::Uncertain { effect_ids }) => TurnOutcome::Uncertain { effect_ids },
-            Ok(RunResult::StepBudgetExhausted { steps }) => failed(
-                "step_budget_exhausted",
-                format!("the model was still calling tools after {steps} steps"),
-            ),
-            Ok(RunResult::Cancelled) => TurnOutcome::Cancelled,
-            Ok(RunResult::Failed { code, message }) => failed(&code, message),
-            Ok(other) => failed("internal_error", format!("{other:?}")),
-            Err(RunError::Render(error)) => failed("render_error", error.to_string()),
-            Err(RunError::IncompatibleCheckpoint(message)) => {
-                failed("incompatible_checkpoint", message)
-            }
-            Err(RunError::Usage(message)) => failed("invalid_manifest", message),
-            Err(error) => failed("store_error", error.to_string()),
-        }
+        self.execute(job, false).await.outcome
+    }
+
+    async fn run_segment(&self, job: TurnJob) -> Finished {
+        self.execute(job, true).await
     }
 }

@@ -62,7 +62,9 @@ use tracing::Instrument as _;
 pub use chat_runner::ChatTurnRunner;
 pub use config::{Config, ConfigError, Role, StoreLocation, TokenConfig};
 pub use error::ApiError;
-pub use runner::{Decision, Interaction, TurnCheckpoint, TurnJob, TurnOutcome, TurnRunner};
+pub use runner::{
+    Decision, Finished, Interaction, TurnCheckpoint, TurnJob, TurnOutcome, TurnRunner,
+};
 
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;

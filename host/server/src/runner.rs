@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use corral_store::{Fence, Session, Store, TurnEffects};
+use corral_store::{Fence, Session, SessionCommit, Store, TurnEffects};
 use tokio_util::sync::CancellationToken;
 
 /// A paused call waiting for a person, and a person's decision on one: the chat runtime's own
@@ -47,11 +47,37 @@ pub use corral_store::TurnCheckpoint;
 /// How a segment ended: the store applies it in [`corral_store::Store::finish_segment`].
 pub use corral_store::SegmentOutcome as TurnOutcome;
 
+/// How a segment's run ended: its outcome, and what the run's journal still held, which
+/// [`corral_store::Store::finish_segment`] commits before the outcome in one transaction.
+#[derive(Debug)]
+pub struct Finished {
+    /// The outcome.
+    pub outcome: TurnOutcome,
+    /// The journal's last writes, under the segment's fence (`None`: all are committed).
+    pub held: Option<SessionCommit>,
+}
+
+impl From<TurnOutcome> for Finished {
+    fn from(outcome: TurnOutcome) -> Self {
+        Finished {
+            outcome,
+            held: None,
+        }
+    }
+}
+
 /// Executes turn segments.
 #[async_trait]
 pub trait TurnRunner: Send + Sync + std::fmt::Debug + 'static {
-    /// Runs one segment to its end. Never panics on bad input; errors are outcomes.
+    /// Runs one segment to its end, every write committed. Never panics on bad input; errors
+    /// are outcomes.
     async fn run(&self, job: TurnJob) -> TurnOutcome;
+
+    /// Runs one segment to its end, leaving its last writes to be committed with its outcome
+    /// (the scheduler's call); by default [`TurnRunner::run`], which leaves nothing.
+    async fn run_segment(&self, job: TurnJob) -> Finished {
+        self.run(job).await.into()
+    }
 
     /// Checks at registration what would otherwise fail every turn of `manifest` (its model's
     /// provider has a key, its capabilities bind; with `start_mcp`, its MCP servers start and

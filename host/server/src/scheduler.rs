@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use corral_store::{Segment, SegmentEnd, SegmentStart};
 
-use crate::runner::{TurnJob, TurnOutcome};
+use crate::runner::{Finished, TurnJob, TurnOutcome};
 use crate::runtime::Runtime;
 
 /// How often the scheduler looks for runnable sessions without being woken (other replicas'
@@ -151,16 +151,17 @@ async fn run_segment(
         cancel: cancel.clone(),
     };
     let runner = Arc::clone(&runtime.runner);
-    let outcome = match tokio::spawn(async move { runner.run(job).await }).await {
-        Ok(outcome) => outcome,
-        Err(error) => {
-            tracing::error!(%error, session = %fence.session_id, "the turn engine panicked");
-            TurnOutcome::Failed {
-                code: "internal_error".to_owned(),
-                message: "the turn engine failed".to_owned(),
+    let Finished { outcome, held } =
+        match tokio::spawn(async move { runner.run_segment(job).await }).await {
+            Ok(finished) => finished,
+            Err(error) => {
+                tracing::error!(%error, session = %fence.session_id, "the turn engine panicked");
+                Finished::from(TurnOutcome::Failed {
+                    code: "internal_error".to_owned(),
+                    message: "the turn engine failed".to_owned(),
+                })
             }
-        }
-    };
+        };
     runtime
         .metrics
         .turn(&tenant, &agent, outcome_name(&outcome, &cancel));
@@ -174,10 +175,41 @@ async fn run_segment(
     // Logged before the finish commits, so this line precedes any later holder's start line.
     tracing::debug!(target: "corral_server::segments", session = %fence.session_id,
         generation = fence.generation, replica = %fence.replica_id, "segment finishing");
-    match runtime
-        .timed(store.finish_segment(&fence, &turn_id, outcome, shut_down))
-        .await
-    {
+    let finished = match held {
+        None => {
+            runtime
+                .timed(store.finish_segment(&fence, &turn_id, None, outcome, shut_down))
+                .await
+        }
+        Some(held) => {
+            let finished = runtime
+                .timed(store.finish_segment(
+                    &fence,
+                    &turn_id,
+                    Some(held),
+                    outcome.clone(),
+                    shut_down,
+                ))
+                .await;
+            match finished {
+                // The run's last writes were refused, as the journal's own commit would have
+                // been (the lease lost, a guard): the run ends as one whose last commit failed.
+                Err(error) => {
+                    tracing::warn!(%error, session = %fence.session_id,
+                        "the segment's last journal writes failed");
+                    let failed = TurnOutcome::Failed {
+                        code: "store_error".to_owned(),
+                        message: error.to_string(),
+                    };
+                    runtime
+                        .timed(store.finish_segment(&fence, &turn_id, None, failed, shut_down))
+                        .await
+                }
+                ok => ok,
+            }
+        }
+    };
+    match finished {
         Ok((end, uncertain)) => {
             tracing::debug!(target: "corral_server::segments", session = %fence.session_id,
                 generation = fence.generation, replica = %fence.replica_id, "segment finished");

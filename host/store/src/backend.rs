@@ -370,6 +370,7 @@ impl<B: Backend> Store for B {
         &self,
         fence: &Fence,
         turn_id: &str,
+        held: Option<SessionCommit>,
         outcome: SegmentOutcome,
         in_flight_reason: Option<&str>,
     ) -> Result<(SegmentEnd, usize), StoreError> {
@@ -377,7 +378,7 @@ impl<B: Backend> Store for B {
         let turn_id = turn_id.to_owned();
         let reason = in_flight_reason.map(str::to_owned);
         run!(self, "finish_segment", true, |tx| machine::finish_segment(
-            tx, fence, turn_id, outcome, reason
+            tx, fence, turn_id, held, outcome, reason
         ))
     }
 

@@ -366,18 +366,21 @@ pub(crate) async fn commit<T: Tx>(
         ..Reads::locking(&commit.session_id)
     };
     let mut found = tx.read(&reads).await?;
-    commit_on(tx, found.session.take(), found, commit, true).await
+    commit_on(tx, found.session.take(), found, commit, true, true).await
 }
 
 /// [`commit`] on the session as the caller locked it (`None`: it does not exist), with what the
 /// caller already read under the lock in `found`; with `check_replay` false the caller has
-/// already looked up the command's idempotency key, else `found.command` is its record.
+/// already looked up the command's idempotency key, else `found.command` is its record. With
+/// `save` false the session row is left for the caller to write (the receipt's session is as
+/// the commit changed it, version unchanged).
 pub(crate) async fn commit_on<T: Tx>(
     tx: &mut T,
     session: Option<Session>,
     mut found: Found,
     commit: SessionCommit,
     check_replay: bool,
+    save: bool,
 ) -> Result<CommitOutcome, StoreError> {
     let SessionCommit {
         session_id,
@@ -625,7 +628,9 @@ pub(crate) async fn commit_on<T: Tx>(
         None => None,
     };
 
-    save_session(tx, &mut session, now).await?;
+    if save {
+        save_session(tx, &mut session, now).await?;
+    }
     Ok(CommitOutcome::Applied(Box::new(CommitReceipt {
         session,
         events: appended_events,

@@ -448,7 +448,7 @@ pub(crate) async fn run_command<T: Tx>(
         _ => None,
     };
     commit.command = Some(NewCommand::new(idempotency_key, body, response));
-    let outcome = engine::commit_on(tx, Some(session), found, *commit, false).await?;
+    let outcome = engine::commit_on(tx, Some(session), found, *commit, false, true).await?;
     let CommitOutcome::Applied(receipt) = outcome else {
         return Err(StoreError::corrupt(
             Entity::Command,
@@ -957,26 +957,72 @@ pub(crate) async fn finish_segment<T: Tx>(
     tx: &mut T,
     fence: Fence,
     turn_id: String,
+    held: Option<SessionCommit>,
     outcome: SegmentOutcome,
     in_flight_reason: Option<String>,
 ) -> Result<(SegmentEnd, usize), StoreError> {
+    if let Some(held) = &held
+        && held.session_id != fence.session_id
+    {
+        return Err(StoreError::invalid(
+            "held",
+            format!(
+                "the held writes are for session {:?}, the lease for {:?}",
+                held.session_id, fence.session_id
+            ),
+        ));
+    }
+    // The lock, the rows the held writes guard and what is in flight, in one flight; what is
+    // in flight is read again after held writes, which may have completed some of it.
     let reads = Reads {
-        effects_in: in_flight_reason.as_ref().map(|_| EffectStatus::Invoking),
+        effects: held.as_ref().map_or_else(Vec::new, |held| {
+            held.new_effects
+                .iter()
+                .map(|new| new.effect_id.as_str())
+                .chain(held.effects.iter().map(|t| t.effect_id.as_str()))
+                .collect()
+        }),
+        effects_in: in_flight_reason
+            .as_ref()
+            .filter(|_| held.is_none())
+            .map(|_| EffectStatus::Invoking),
         ..Reads::locking(&fence.session_id)
     };
-    let found = tx.read(&reads).await?;
+    let mut found = tx.read(&reads).await?;
     let mut session = found
         .session
+        .take()
         .ok_or_else(|| StoreError::not_found(Entity::Session, &fence.session_id))?;
     let now = tx.now().await?;
     // An expired lease may still be used to finish as long as nobody took over.
     let far_past = Timestamp::from_unix_millis(i64::MIN);
     engine::check_fence(&session, &fence, far_past)?;
+    let mut in_flight = std::mem::take(&mut found.in_status);
+    let mut changed = false;
+    if let Some(held) = held {
+        // The journal's last commit, as it would have been on its own (its fence included),
+        // before the outcome it led to.
+        session = match engine::commit_on(tx, Some(session), found, held, false, false).await? {
+            CommitOutcome::Applied(receipt) => receipt.session,
+            _ => {
+                return Err(StoreError::invalid(
+                    "held",
+                    "the held writes answer a command",
+                ));
+            }
+        };
+        changed = true;
+        if in_flight_reason.is_some() {
+            in_flight = tx
+                .session_effects(&fence.session_id, Some(EffectStatus::Invoking))
+                .await?;
+        }
+    }
     let mut uncertain = 0;
     if let Some(reason) = &in_flight_reason {
         // Aborted by a shutdown: what the segment had in flight may or may not happen. Said now,
         // under the lease, rather than when the next start claims the session.
-        uncertain = engine::mark_uncertain(tx, &mut session, found.in_status, reason, now).await?;
+        uncertain = engine::mark_uncertain(tx, &mut session, in_flight, reason, now).await?;
     }
     let end = if turn_active(&session, &turn_id) {
         apply_outcome(tx, &mut session, &turn_id, outcome, now).await?
@@ -984,7 +1030,7 @@ pub(crate) async fn finish_segment<T: Tx>(
         SegmentEnd::Unchanged
     };
     session.owner = None;
-    let changed = end == SegmentEnd::Applied || uncertain > 0;
+    changed |= end == SegmentEnd::Applied || uncertain > 0;
     write_session(tx, &mut session, changed, now).await?;
     Ok((end, uncertain))
 }

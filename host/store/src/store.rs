@@ -273,15 +273,18 @@ pub trait Store: Send + Sync + fmt::Debug {
     ) -> Result<SegmentStart, StoreError>;
 
     /// Ends a segment in one transaction under its fence (an expired lease still works while
-    /// nobody took over): with `in_flight_reason`, its effects still in flight become uncertain
-    /// (a shutdown); the outcome is applied if `turn_id` is still the active, uncancelled turn
-    /// (completion appends the items and clears the checkpoint; a pause keeps the checkpoint the
-    /// turn engine wrote); the lease is released. Returns what happened and how many effects
-    /// became uncertain.
+    /// nobody took over): `held`, what the run's journal still held (a commit of the session,
+    /// guarded as [`Store::commit`] guards it: under its own fence the lease must be live), is
+    /// applied first, and its failure fails the whole; with `in_flight_reason`, its effects
+    /// still in flight become uncertain (a shutdown); the outcome is applied if `turn_id` is
+    /// still the active, uncancelled turn (completion appends the items and clears the
+    /// checkpoint; a pause keeps the checkpoint the turn engine wrote); the lease is released.
+    /// Returns what happened and how many effects became uncertain.
     async fn finish_segment(
         &self,
         fence: &Fence,
         turn_id: &str,
+        held: Option<SessionCommit>,
         outcome: SegmentOutcome,
         in_flight_reason: Option<&str>,
     ) -> Result<(SegmentEnd, usize), StoreError>;

@@ -350,6 +350,52 @@ async fn a_journal_given_its_turn_reads_nothing_on_first_use() {
     assert_eq!(store.transactions(), before, "the journal read the store");
 }
 
+/// A journal whose caller ends the run commits nothing at the end: it hands what it holds over
+/// as one commit under its fence, for the caller to commit with the run's outcome (`corral
+/// serve`'s `finish_segment`), and nothing is committed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_ended_by_its_caller_hands_over_what_it_holds() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let long = Duration::from_secs(3600);
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0)
+        .with_result_window(long)
+        .leaving_its_end_to_the_caller();
+    let call = "t1:s0:t0:b0:c0";
+    assert_eq!(
+        begin(&journal, call, EffectKind::CapabilityCall).await,
+        Journaled::New
+    );
+    must(journal.complete(call, json!({"n": 1})).await);
+    append(&journal, "tool.ended").await;
+    let before = store.transactions();
+    must(journal.end().await);
+    assert_eq!(store.transactions(), before, "the end committed");
+    let Some(held) = must(journal.take_held().await) else {
+        panic!("nothing was held")
+    };
+    assert_eq!(held.session_id, "s1");
+    assert_eq!(held.effects.len(), 1);
+    assert_eq!(held.events.len(), 1);
+    assert_eq!(must(journal.take_held().await), None);
+    // Nothing was committed meanwhile; the caller's commit is the one.
+    assert_eq!(
+        statuses(&store).await,
+        [(call.to_owned(), EffectStatus::Invoking)]
+    );
+    must(store.commit(held).await);
+    assert_eq!(
+        statuses(&store).await,
+        [(call.to_owned(), EffectStatus::Completed)]
+    );
+    // Without it, the end is a flush.
+    let plain = StoreJournal::new(Arc::clone(&store), "s1", "t2", None, 0).with_result_window(long);
+    append(&plain, "turn.note").await;
+    must(plain.end().await);
+    assert_eq!(must(plain.take_held().await), None);
+    assert_eq!(events(&store).await.len(), 2);
+}
+
 /// A result's commit that fails in the background fails the journal's next write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_background_commit_fails_the_next_write() {

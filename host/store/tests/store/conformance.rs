@@ -103,6 +103,7 @@ conformance!(
     start_segment_settles_a_session_with_nothing_to_run,
     start_segment_hands_the_run_its_turns_journal,
     a_completed_segment_ends_the_turn_and_releases_the_lease,
+    a_segment_finishes_with_what_its_journal_held_or_not_at_all,
     a_failed_segment_fails_the_turn,
     a_waiting_turn_runs_again_when_a_result_lands_during_its_segment,
     a_cancelled_or_stopped_segment_applies_no_outcome,
@@ -2072,6 +2073,7 @@ async fn pause(
         .finish_segment(
             &segment.lease.fence(),
             &segment.turn_id,
+            None,
             SegmentOutcome::Paused {
                 checkpoint: paused.clone(),
             },
@@ -2212,6 +2214,7 @@ async fn a_cancel_racing_a_turn_completion_has_one_winner(f: &Fixture) -> anyhow
                     .finish_segment(
                         &segment.lease.fence(),
                         &turn,
+                        None,
                         completed(vec![json!({"round": round})]),
                         None,
                     )
@@ -2879,7 +2882,7 @@ async fn start_segment_hands_the_run_its_turns_journal(f: &Fixture) -> anyhow::R
     );
     applied(store.commit(commit).await?)?;
     store
-        .finish_segment(&fence, "t1", SegmentOutcome::Cancelled, None)
+        .finish_segment(&fence, "t1", None, SegmentOutcome::Cancelled, None)
         .await?;
     let second = start(&*f.peer, "r2").await?;
     let journal: Vec<(&str, EffectStatus)> = second
@@ -2973,6 +2976,83 @@ async fn start_segment_settles_a_session_with_nothing_to_run(f: &Fixture) -> any
     Ok(())
 }
 
+/// The run's last journal writes and its outcome are one transaction: applied in order (the
+/// held events before the outcome's), or, when the held writes are refused as their own commit
+/// would have been, nothing at all and the lease still held.
+async fn a_segment_finishes_with_what_its_journal_held_or_not_at_all(
+    f: &Fixture,
+) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    let fence = segment.lease.fence();
+    let mut begin = BeginEffect::new("s1", model_call("t1:s0:model", "t1", json!({})));
+    begin.fence = Some(fence.clone());
+    store.begin_effect(begin).await?;
+    let before = store.get_session("s1").await?;
+    let held = |from: EffectStatus| {
+        let mut held = SessionCommit::new("s1");
+        held.fence = Some(fence.clone());
+        held.effects.push(
+            EffectTransition::new("t1:s0:model", &[from], EffectStatus::Completed)
+                .with_result(json!({"ok": "hello"})),
+        );
+        held.events
+            .push(event("text.delta", json!({"text": "hello"})).in_turn("t1"));
+        held
+    };
+
+    // Refused: the transition's guard does not hold. Nothing is written, the lease is kept.
+    expect_err!(
+        store
+            .finish_segment(
+                &fence,
+                "t1",
+                Some(held(EffectStatus::Pending)),
+                completed(vec![]),
+                None
+            )
+            .await,
+        StoreError::Conflict {
+            entity: Entity::Effect,
+            ..
+        }
+    );
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Running && s.last_cursor == before.last_cursor);
+    ensure!(s.owner.as_ref().is_some_and(|o| o.replica_id == "r1"));
+    // Another session's writes are not this lease's.
+    let mut elsewhere = held(EffectStatus::Invoking);
+    elsewhere.session_id = "s2".into();
+    expect_err!(
+        store
+            .finish_segment(&fence, "t1", Some(elsewhere), completed(vec![]), None)
+            .await,
+        StoreError::InvalidInput { .. }
+    );
+
+    let (end, _) = store
+        .finish_segment(
+            &fence,
+            "t1",
+            Some(held(EffectStatus::Invoking)),
+            completed(vec![]),
+            None,
+        )
+        .await?;
+    ensure!(end == SegmentEnd::Applied, "{end:?}");
+    let effect = store.get_effect("t1:s0:model").await?;
+    ensure!(effect.status == EffectStatus::Completed);
+    ensure!(effect.result == Some(json!({"ok": "hello"})));
+    let events = store.list_events("s1", before.last_cursor, 10).await?;
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    ensure!(types == ["text.delta", "turn.completed"], "{types:?}");
+    let s = store.get_session("s1").await?;
+    ensure!(s.status == SessionStatus::Completed && s.owner.is_none());
+    Ok(())
+}
+
 async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
     f: &Fixture,
 ) -> anyhow::Result<()> {
@@ -2991,7 +3071,7 @@ async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
         items: items.clone(),
     };
     let (end, uncertain) = store
-        .finish_segment(&fence, "t1", outcome.clone(), None)
+        .finish_segment(&fence, "t1", None, outcome.clone(), None)
         .await?;
     ensure!(end == SegmentEnd::Applied && uncertain == 0, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -3022,7 +3102,9 @@ async fn a_completed_segment_ends_the_turn_and_releases_the_lease(
         }
     );
     expect_err!(
-        store.finish_segment(&fence, "t1", outcome, None).await,
+        store
+            .finish_segment(&fence, "t1", None, outcome, None)
+            .await,
         StoreError::StaleGeneration {
             reason: StaleReason::NotHeld,
             ..
@@ -3046,7 +3128,7 @@ async fn a_failed_segment_fails_the_turn(f: &Fixture) -> anyhow::Result<()> {
         message: "the model is unavailable".into(),
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", outcome, None)
+        .finish_segment(&segment.lease.fence(), "t1", None, outcome, None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     let s = store.get_session("s1").await?;
@@ -3072,7 +3154,7 @@ async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
         effect_ids: vec!["a1".into()],
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", waiting, None)
+        .finish_segment(&segment.lease.fence(), "t1", None, waiting, None)
         .await?;
     ensure!(end == SegmentEnd::Applied, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -3111,7 +3193,7 @@ async fn a_waiting_turn_runs_again_when_a_result_lands_during_its_segment(
         effect_ids: vec!["a2".into()],
     };
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", waiting, None)
+        .finish_segment(&segment.lease.fence(), "t1", None, waiting, None)
         .await?;
     ensure!(end == SegmentEnd::RunAgain, "{end:?}");
     let s = store.get_session("s1").await?;
@@ -3135,6 +3217,7 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t1",
+            None,
             completed(vec![json!("late")]),
             None,
         )
@@ -3155,6 +3238,7 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t2",
+            None,
             SegmentOutcome::Cancelled,
             Some("shutting down"),
         )
@@ -3171,6 +3255,7 @@ async fn a_cancelled_or_stopped_segment_applies_no_outcome(f: &Fixture) -> anyho
         .finish_segment(
             &segment.lease.fence(),
             "t2",
+            None,
             SegmentOutcome::Cancelled,
             Some("shutting down"),
         )
@@ -3197,7 +3282,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     tokio::time::sleep(PAST_SHORT).await;
     // Expired, but nobody took over: it still finishes.
     let (end, _) = store
-        .finish_segment(&segment.lease.fence(), "t1", completed(vec![]), None)
+        .finish_segment(&segment.lease.fence(), "t1", None, completed(vec![]), None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     ensure!(store.get_session("s1").await?.status == SessionStatus::Completed);
@@ -3211,7 +3296,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     ensure!(new.lease.generation == old.lease.generation + 1);
     expect_err!(
         store
-            .finish_segment(&old.lease.fence(), "t2", completed(vec![]), None)
+            .finish_segment(&old.lease.fence(), "t2", None, completed(vec![]), None)
             .await,
         StoreError::StaleGeneration {
             reason: StaleReason::Superseded,
@@ -3223,7 +3308,7 @@ async fn a_segment_finishes_under_its_fence_until_taken_over(f: &Fixture) -> any
     ensure!(s.owner.is_some_and(|o| o.replica_id == "r2"), "r2 keeps it");
     let (end, _) = f
         .peer
-        .finish_segment(&new.lease.fence(), "t2", completed(vec![]), None)
+        .finish_segment(&new.lease.fence(), "t2", None, completed(vec![]), None)
         .await?;
     ensure!(end == SegmentEnd::Applied);
     Ok(())
