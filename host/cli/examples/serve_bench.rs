@@ -83,6 +83,45 @@ impl Server {
         Server::start(&config, TOKEN, client, &[])
     }
 
+    /// The CPU time the server's process used so far, all threads, in seconds (`/proc`'s
+    /// `utime + stime`, in the kernel's fixed 100 ticks per second).
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // The fields after the command's name (which may hold spaces) in parentheses.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let ticks = |index: usize| {
+            fields
+                .get(index)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // utime and stime are the stat's fields 14 and 15: 11 and 12 after the name.
+        (ticks(11) + ticks(12)) as f64 / 100.0
+    }
+
+    /// The store transactions the server ran so far (`/metrics`; the scrape's own included);
+    /// `None` from a build that does not count them.
+    async fn store_transactions(&self) -> Option<u64> {
+        let response = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await;
+        let text = match response {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(error) => panic!("/metrics: {error}"),
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix("corral_store_transactions_total "))
+            .and_then(|n| n.parse().ok())
+    }
+
     async fn agent(&self, manifest: Value) {
         let id = manifest["id"].as_str().unwrap_or_default().to_owned();
         self.call(
@@ -234,6 +273,8 @@ async fn throughput(server: &Arc<Server>, sessions: usize, seconds: f64) -> Valu
             .session(&format!("load-{sessions}-{i}"), "talk")
             .await;
     }
+    let transactions = server.store_transactions().await;
+    let cpu = server.cpu_seconds();
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -262,10 +303,19 @@ async fn throughput(server: &Arc<Server>, sessions: usize, seconds: f64) -> Valu
         acks.extend(task.await.unwrap_or_default());
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = server.cpu_seconds() - cpu;
+    // Less the second scrape's own count; background work (lease renewals, the sweeper) is in.
+    let transactions = server
+        .store_transactions()
+        .await
+        .zip(transactions)
+        .map(|(after, before)| (after - before - 1) as f64 / acks.len().max(1) as f64);
     json!({
         "sessions": sessions,
         "commands": acks.len(),
         "commands_per_s": acks.len() as f64 / elapsed,
+        "store_transactions_per_turn": transactions,
+        "server_cpu_ms_per_turn": cpu * 1000.0 / acks.len().max(1) as f64,
         "ack_p50_ms": percentile(&mut acks, 50.0),
         "ack_p99_ms": percentile(&mut acks, 99.0),
     })

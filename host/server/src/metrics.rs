@@ -441,7 +441,7 @@ pub const GAUGED_STATUSES: &[corral_store::SessionStatus] = &[
 /// `/metrics`: the counters, and the session gauges counted in the store now (one grouped
 /// query; when it fails the gauges are left out and `count_sessions` errors counted).
 pub(crate) async fn scrape(runtime: &crate::runtime::Runtime) -> String {
-    match runtime
+    let mut out = match runtime
         .timed(runtime.store.count_sessions(GAUGED_STATUSES))
         .await
     {
@@ -451,5 +451,14 @@ pub(crate) async fn scrape(runtime: &crate::runtime::Runtime) -> String {
             runtime.metrics.store_error("count_sessions");
             runtime.metrics.render()
         }
-    }
+    };
+    // Kept by the store itself: every transaction of this process, the scrape's count included.
+    let _ = writeln!(
+        out,
+        "# HELP corral_store_transactions_total Store transactions this process ran, reads and \
+         writes.\n# TYPE corral_store_transactions_total counter\n\
+         corral_store_transactions_total {}",
+        runtime.store.transactions()
+    );
+    out
 }

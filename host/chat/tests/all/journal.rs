@@ -247,14 +247,7 @@ async fn a_result_is_committed_alone_at_the_end_of_its_window() {
         statuses(&store).await,
         [(call.to_owned(), EffectStatus::Completed)]
     );
-    assert_eq!(
-        events(&store)
-            .await
-            .into_iter()
-            .map(|e| e.event_type)
-            .collect::<Vec<_>>(),
-        ["tool.ended"]
-    );
+    assert_eq!(event_types(&store).await, ["tool.ended"]);
     drop(journal);
 }
 
@@ -285,14 +278,7 @@ async fn the_events_before_a_script_go_with_its_first_call() {
         1,
         "the call's begin and the events"
     );
-    assert_eq!(
-        events(&store)
-            .await
-            .into_iter()
-            .map(|e| e.event_type)
-            .collect::<Vec<_>>(),
-        ["tool.started"]
-    );
+    assert_eq!(event_types(&store).await, ["tool.started"]);
     assert_eq!(
         statuses(&store).await,
         [(call.to_owned(), EffectStatus::Invoking)]
@@ -313,14 +299,7 @@ async fn the_events_before_a_script_without_calls_are_committed_within_the_windo
     // notice is the sign (the timeout only guards against a hang).
     let notice = tokio::time::timeout(Duration::from_secs(60), committed.recv()).await;
     assert_eq!(must(must(notice)).session_id, "s1");
-    assert_eq!(
-        events(&store)
-            .await
-            .into_iter()
-            .map(|e| e.event_type)
-            .collect::<Vec<_>>(),
-        ["tool.started"]
-    );
+    assert_eq!(event_types(&store).await, ["tool.started"]);
     drop(journal);
 }
 
@@ -483,4 +462,12 @@ async fn list_effects(store: &Arc<dyn Store>) -> Vec<corral_store::Effect> {
 
 async fn events(store: &Arc<dyn Store>) -> Vec<corral_store::Event> {
     must(store.list_events("s1", 0, 100).await)
+}
+
+async fn event_types(store: &Arc<dyn Store>) -> Vec<String> {
+    events(store)
+        .await
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect()
 }

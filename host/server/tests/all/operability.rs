@@ -4,6 +4,31 @@
 use crate::common::{ACME, BETA, Harness};
 use serde_json::json;
 
+/// The store's own count of its transactions: what a turn costs the store, read from outside.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_the_stores_transactions() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("a1", ACME).await;
+    let transactions = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("corral_store_transactions_total "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no transaction count in\n{text}"))
+    };
+    let text = h.metrics().await;
+    assert!(
+        text.contains("# TYPE corral_store_transactions_total counter\n"),
+        "{text}"
+    );
+    let before = transactions(&text);
+    h.say("a1", ACME, "k1", "hello").await;
+    h.wait_status_as("a1", ACME, "completed").await;
+    let after = transactions(&h.metrics().await);
+    // At least the command, the segment's start and its finish, and this scrape's count.
+    assert!(after >= before + 4, "{before} -> {after}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_are_labelled_by_tenant_and_agent_and_gauge_waiting_sessions() {
     let h = Harness::start().await;

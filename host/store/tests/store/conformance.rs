@@ -8,7 +8,7 @@ use anyhow::{Context as _, ensure};
 use corral_store::{
     ActionFilter, ActionGuard, ActionStatus, ActionTransition, BeginEffect, BeginEffectOutcome,
     CheckpointWrite, ClaimAction, CommandKind, CommitOutcome, Decision, EffectKind, EffectStatus,
-    EffectTransition, Entity, Event, ExecutorScope, HeartbeatAction, Interaction, MAX_PAGE,
+    EffectTransition, Entity, Event, ExecutorScope, Fence, HeartbeatAction, Interaction, MAX_PAGE,
     NewAction, NewAgent, NewCheckpoint, NewCommand, NewEffect, NewEvent, NewItem, NewSession,
     Resolution, RetentionPolicy, Segment, SegmentEnd, SegmentOutcome, SegmentStart, SessionCommand,
     SessionCommit, SessionFilter, SessionStatus, StaleReason, Store, StoreError, TurnCheckpoint,
@@ -2023,6 +2023,14 @@ fn resolve(key: &str, effect: &str, resolution: Resolution) -> SessionCommand {
 }
 
 /// The segment `replica` starts, failing unless there is one to run.
+/// Journals `effect` of session `s1` under `fence`, as a running segment does.
+async fn begin_under(store: &dyn Store, fence: &Fence, effect: NewEffect) -> anyhow::Result<()> {
+    let mut begin = BeginEffect::new("s1", effect);
+    begin.fence = Some(fence.clone());
+    store.begin_effect(begin).await?;
+    Ok(())
+}
+
 async fn start(store: &dyn Store, replica: &str) -> anyhow::Result<Segment> {
     match store.start_segment(replica, LONG).await? {
         SegmentStart::Run(segment) => Ok(*segment),
@@ -2867,9 +2875,7 @@ async fn start_segment_hands_the_run_its_turns_journal(f: &Fixture) -> anyhow::R
     // The segment journals a model call and its result, then stops without an outcome (a
     // shutdown): the next claim finds them.
     let fence = first.lease.fence();
-    let mut begin = BeginEffect::new("s1", model_call("t1:s0:model", "t1", json!({})));
-    begin.fence = Some(fence.clone());
-    store.begin_effect(begin).await?;
+    begin_under(store, &fence, model_call("t1:s0:model", "t1", json!({}))).await?;
     let mut commit = SessionCommit::new("s1");
     commit.fence = Some(fence.clone());
     commit.effects.push(
@@ -2987,9 +2993,7 @@ async fn a_segment_finishes_with_what_its_journal_held_or_not_at_all(
     store.run_command(message("s1", "k1", "t1", "hi")).await?;
     let segment = start(store, "r1").await?;
     let fence = segment.lease.fence();
-    let mut begin = BeginEffect::new("s1", model_call("t1:s0:model", "t1", json!({})));
-    begin.fence = Some(fence.clone());
-    store.begin_effect(begin).await?;
+    begin_under(store, &fence, model_call("t1:s0:model", "t1", json!({}))).await?;
     let before = store.get_session("s1").await?;
     let held = |from: EffectStatus| {
         let mut held = SessionCommit::new("s1");
