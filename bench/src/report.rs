@@ -706,7 +706,9 @@ fn serve_section(md: &mut String, serve: &Value) {
         md,
         "\n## `corral serve` over loopback\n\nThe real `corral serve` process, chat runtime on the scripted model. \
          **ack**: a `message` command's round trip, one session (aim: p50 ≤ 2 ms embedded). **commands/s**: N \
-         sessions at once, each sending a message and waiting for its turn to complete on its SSE stream. \
+         sessions at once, each sending a message and waiting for its turn to complete on its SSE stream, with \
+         the store transactions (from `/metrics`, SSE reads and background work included) and the server \
+         process's CPU time per turn. \
          **approve → first event**: from sending `approve` to the SSE delivery of the resumed turn's first event \
          (aim: p99 ≤ 50 ms). **SSE**: streams open at once; server memory per stream (VmRSS difference; aim: \
          1,000 streams in ≤ 100 MiB) and from sending a message to its event reaching every stream (an upper \
@@ -719,8 +721,19 @@ fn serve_section(md: &mut String, serve: &Value) {
             .into_iter()
             .flatten()
             .map(|l| {
+                // The steadier figures beside the rate: what each turn cost the store and the
+                // server's process.
+                let costs = match (
+                    l["store_transactions_per_turn"].as_f64(),
+                    l["server_cpu_ms_per_turn"].as_f64(),
+                ) {
+                    (Some(transactions), Some(cpu)) => {
+                        format!("; {transactions:.1} store transactions, {cpu:.2} ms CPU per turn")
+                    }
+                    _ => String::new(),
+                };
                 format!(
-                    "{:.0} ({})",
+                    "{:.0} ({}{costs})",
                     l["commands_per_s"].as_f64().unwrap_or(0.0),
                     l["sessions"]
                 )

@@ -194,7 +194,10 @@ async fn run_segment(
             match finished {
                 // The run's last writes were refused, as the journal's own commit would have
                 // been (the lease lost, a guard): the run ends as one whose last commit failed.
+                // Counted as a failed finish; the turn was counted by the outcome its run
+                // reported.
                 Err(error) => {
+                    runtime.metrics.store_error("finish_segment");
                     tracing::warn!(%error, session = %fence.session_id,
                         "the segment's last journal writes failed");
                     let failed = TurnOutcome::Failed {

@@ -1,8 +1,30 @@
 //! What an operator reads from a running server, over real sockets: `/metrics` labelled by
 //! tenant and agent, with gauges of the sessions waiting on someone, counted in the store.
 
-use crate::common::{ACME, BETA, Harness};
+use crate::common::{ACME, BETA, Harness, OPERATOR};
 use serde_json::json;
+
+/// A segment whose last journal writes the store refuses ends as a run whose last commit failed:
+/// the turn fails with `store_error`, its completion is never shown, the lease is released, and
+/// the refused finish is counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_last_journal_writes_fail_the_turn_and_release_the_session() {
+    let h = Harness::start().await;
+    h.register_agent().await;
+    h.session("a1", OPERATOR).await;
+    h.message("a1", "k1", "refused").await;
+    let view = h.wait_status("a1", "failed").await;
+    assert_eq!(view["error"]["code"], "store_error", "{view}");
+    let types = h.event_types("a1").await;
+    assert!(types.contains(&"turn.failed".to_owned()), "{types:?}");
+    assert!(!types.contains(&"turn.completed".to_owned()), "{types:?}");
+    let text = h.metrics().await;
+    let line = "corral_store_errors_total{operation=\"finish_segment\"} 1\n";
+    assert!(text.contains(line), "missing {line:?} in\n{text}");
+    // Released: the session takes its next turn at once.
+    h.message("a1", "k2", "hello").await;
+    h.wait_status("a1", "completed").await;
+}
 
 /// The store's own count of its transactions: what a turn costs the store, read from outside.
 #[tokio::test(flavor = "multi_thread")]

@@ -11,9 +11,12 @@ use async_trait::async_trait;
 use corral_server::config::Grants;
 use corral_server::manifest::manifest_hash;
 use corral_server::script::ScriptRunner;
-use corral_server::{Config, Server, StoreLocation, TokenConfig, TurnJob, TurnOutcome, TurnRunner};
+use corral_server::{
+    Config, Finished, Server, StoreLocation, TokenConfig, TurnJob, TurnOutcome, TurnRunner,
+};
 use corral_store::{
-    CheckpointWrite, ExecutorScope, NewCheckpoint, SessionCommit, SessionStatus, SqliteStore, Store,
+    CheckpointWrite, EffectStatus, EffectTransition, ExecutorScope, NewCheckpoint, SessionCommit,
+    SessionStatus, SqliteStore, Store,
 };
 use serde_json::{Value, json};
 
@@ -39,7 +42,9 @@ pub fn manifest() -> Value {
     })
 }
 
-/// The scripted runner, plus `corrupt`: leaves the session paused on an unreadable checkpoint.
+/// The scripted runner, plus `corrupt`: leaves the session paused on an unreadable checkpoint;
+/// and `refused`: completes, leaving last journal writes the store refuses (a transition of an
+/// effect that does not exist).
 #[derive(Debug)]
 struct TestRunner(ScriptRunner);
 
@@ -59,6 +64,26 @@ impl TurnRunner for TestRunner {
             return TurnOutcome::Cancelled;
         }
         self.0.run(job).await
+    }
+
+    async fn run_segment(&self, job: TurnJob) -> Finished {
+        if job.checkpoint.message == "refused" {
+            let mut held = SessionCommit::new(&job.session.id);
+            held.fence = Some(job.fence.clone());
+            held.effects.push(EffectTransition::new(
+                "no-such-effect",
+                &[EffectStatus::Invoking],
+                EffectStatus::Completed,
+            ));
+            return Finished {
+                outcome: TurnOutcome::Completed {
+                    output: json!({"text": "never shown"}),
+                    items: Vec::new(),
+                },
+                held: Some(held),
+            };
+        }
+        self.run(job).await.into()
     }
 }
 
