@@ -698,7 +698,7 @@ impl ConversationStore for StoreJournal {
 
     /// Events held go with the script's first durable write (its first call), else at the end
     /// of the result window: a commit of their own before every script cost a commit per turn
-    /// (figures in `bench/REPORT.md`, "One commit fewer before a script").
+    /// (`bench/REPORT.md`, "A turn's store transactions, two fewer").
     async fn publish(&self) -> Result<(), JournalError> {
         let armed = {
             let mut held = lock(&self.committer.held);

@@ -961,16 +961,23 @@ pub(crate) async fn finish_segment<T: Tx>(
     outcome: SegmentOutcome,
     in_flight_reason: Option<String>,
 ) -> Result<(SegmentEnd, usize), StoreError> {
-    if let Some(held) = &held
-        && held.session_id != fence.session_id
-    {
-        return Err(StoreError::invalid(
-            "held",
-            format!(
-                "the held writes are for session {:?}, the lease for {:?}",
-                held.session_id, fence.session_id
-            ),
-        ));
+    if let Some(held) = &held {
+        if held.session_id != fence.session_id {
+            return Err(StoreError::invalid(
+                "held",
+                format!(
+                    "the held writes are for session {:?}, the lease for {:?}",
+                    held.session_id, fence.session_id
+                ),
+            ));
+        }
+        // A command's idempotency is checked by `run_command`, never here.
+        if held.command.is_some() {
+            return Err(StoreError::invalid(
+                "held",
+                "a segment's held writes answer no command",
+            ));
+        }
     }
     // The lock, the rows the held writes guard and what is in flight, in one flight; what is
     // in flight is read again after held writes, which may have completed some of it.
@@ -1004,10 +1011,12 @@ pub(crate) async fn finish_segment<T: Tx>(
         // before the outcome it led to.
         session = match engine::commit_on(tx, Some(session), found, held, false, false).await? {
             CommitOutcome::Applied(receipt) => receipt.session,
-            _ => {
-                return Err(StoreError::invalid(
-                    "held",
-                    "the held writes answer a command",
+            // Only a command is replayed, and held writes carry none.
+            other => {
+                return Err(StoreError::corrupt(
+                    Entity::Session,
+                    &fence.session_id,
+                    format!("held writes answered {other:?}"),
                 ));
             }
         };

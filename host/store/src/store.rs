@@ -274,8 +274,8 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Ends a segment in one transaction under its fence (an expired lease still works while
     /// nobody took over): `held`, what the run's journal still held (a commit of the session,
-    /// guarded as [`Store::commit`] guards it: under its own fence the lease must be live), is
-    /// applied first, and its failure fails the whole; with `in_flight_reason`, its effects
+    /// guarded as [`Store::commit`] guards it: under its own fence the lease must be live; it
+    /// answers no command), is applied first, and its failure fails the whole; with `in_flight_reason`, its effects
     /// still in flight become uncertain (a shutdown); the outcome is applied if `turn_id` is
     /// still the active, uncancelled turn (completion appends the items and clears the
     /// checkpoint; a pause keeps the checkpoint the turn engine wrote); the lease is released.

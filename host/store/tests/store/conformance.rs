@@ -3026,15 +3026,19 @@ async fn a_segment_finishes_with_what_its_journal_held_or_not_at_all(
     let s = store.get_session("s1").await?;
     ensure!(s.status == SessionStatus::Running && s.last_cursor == before.last_cursor);
     ensure!(s.owner.as_ref().is_some_and(|o| o.replica_id == "r1"));
-    // Another session's writes are not this lease's.
+    // Another session's writes are not this lease's, and a command is never answered here.
     let mut elsewhere = held(EffectStatus::Invoking);
     elsewhere.session_id = "s2".into();
-    expect_err!(
-        store
-            .finish_segment(&fence, "t1", Some(elsewhere), completed(vec![]), None)
-            .await,
-        StoreError::InvalidInput { .. }
-    );
+    let mut answering = held(EffectStatus::Invoking);
+    answering.command = Some(NewCommand::new("k9", json!({}), json!({})));
+    for refused in [elsewhere, answering] {
+        expect_err!(
+            store
+                .finish_segment(&fence, "t1", Some(refused), completed(vec![]), None)
+                .await,
+            StoreError::InvalidInput { .. }
+        );
+    }
 
     let (end, _) = store
         .finish_segment(
