@@ -321,7 +321,8 @@ impl ChatTurnRunner {
 /// turn's events cost no commits of their own. Text deltas are committed by themselves only
 /// when no other commit took them within [`DELTA_WINDOW`] or [`DELTA_BATCH`] of them, so a
 /// streamed answer costs a few commits instead of one per token. Nothing is reordered and
-/// nothing waits past the segment's end: the run commits what is held before it returns.
+/// nothing waits past the segment's end: what is still held then commits with the segment's
+/// outcome (`finish_segment`), or before the run returns when the runner is called alone.
 struct StoreSink {
     journal: Arc<StoreJournal>,
     /// Text deltas since the sink last asked for a commit, and when the first of them came.
