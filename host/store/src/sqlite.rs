@@ -586,15 +586,22 @@ fn begin(connection: &mut Connection, write: bool, at_once: bool) -> rusqlite::R
         connection.execute_batch("ROLLBACK")?;
     }
     if !write {
-        return connection.execute_batch("BEGIN DEFERRED");
+        return control(connection, "BEGIN DEFERRED");
     }
     if !at_once {
-        return connection.execute_batch("BEGIN IMMEDIATE");
+        return control(connection, "BEGIN IMMEDIATE");
     }
     connection.busy_timeout(Duration::ZERO)?;
-    let begun = connection.execute_batch("BEGIN IMMEDIATE");
+    let begun = control(connection, "BEGIN IMMEDIATE");
     connection.busy_timeout(BUSY_TIMEOUT)?;
     begun
+}
+
+/// Runs a transaction's `BEGIN` or `COMMIT` from the connection's statement cache:
+/// `execute_batch` parsed it again at every transaction.
+fn control(connection: &Connection, statement: &str) -> rusqlite::Result<()> {
+    connection.prepare_cached(statement)?.execute([])?;
+    Ok(())
 }
 
 fn is_busy(error: &rusqlite::Error) -> bool {
@@ -633,7 +640,7 @@ where
             return Err(error);
         }
     };
-    if let Err(error) = connection.execute_batch("COMMIT") {
+    if let Err(error) = control(connection, "COMMIT") {
         if !connection.is_autocommit() {
             let _ = connection.execute_batch("ROLLBACK");
         }
