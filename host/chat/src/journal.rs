@@ -158,10 +158,18 @@ pub trait ConversationStore: Send + Sync + std::fmt::Debug {
 ///
 /// Writes go to the store in as few commits as the journal's promise allows. Entries that are
 /// complete at once (`record`) and events (`append_events`, from the runtime's sink) are held
-/// back and committed with the next write that must be durable before the run goes on: an
-/// effect about to be performed (`begin`), a retry (`restart`), a checkpoint, or
+/// back and committed with the next write that must be durable before the run goes on: a
+/// capability call about to be made (`begin`), a retry (`restart`), a checkpoint, or
 /// [`ConversationStore::flush`]. Both are reproduced the same way if the process dies before
 /// they are committed, and an event is never durable before the entry that caused it.
+///
+/// A model call's start is held the same way: asking a model reaches nothing outside, so it
+/// need not be durable before the call is made. A process that dies before the journal's next
+/// commit leaves nothing of the call, and the next run asks the model again; once that commit is
+/// made (the call's first streamed text, say, or the events held before it, which are not left
+/// waiting on the model), the call is journaled `invoking` and a process that dies during it
+/// leaves it `uncertain`, as a capability call. Making it durable first cost a commit per model
+/// call (figures in `docs/storage.md`).
 ///
 /// A result (`complete`, of a model call or a capability) is held too, but for at most its
 /// window ([`RESULT_WINDOW`], 2 ms): it goes with the journal's next commit if one comes first
@@ -584,6 +592,13 @@ impl ConversationStore for StoreJournal {
             let new = NewEffect::new(effect_id, turn_id, kind, EffectStatus::Invoking, request);
             if let Some(existing) = self.add_effect(new).await? {
                 return Ok(existing);
+            }
+            if kind == EffectKind::ModelCall {
+                // Asking a model reaches nothing outside: its start goes with the journal's
+                // next commit (see `StoreJournal`). Events held before it are not left waiting
+                // on the model: they are committed within the result window.
+                self.publish().await?;
+                return Ok(Journaled::New);
             }
             // Durable before the caller performs it.
             self.hold_durable(|_| {}).await?;

@@ -656,7 +656,7 @@ fn cancel(
                         &[EffectStatus::Invoking],
                         EffectStatus::Uncertain,
                     )
-                    .with_error("the turn was cancelled before the effect's outcome was recorded"),
+                    .with_error(CANCELLED_IN_FLIGHT),
                 );
             }
         }
@@ -953,6 +953,9 @@ async fn fail_turn<T: Tx>(
     engine::insert_events(tx, &events).await
 }
 
+/// Why an effect in flight when its turn was cancelled is uncertain.
+const CANCELLED_IN_FLIGHT: &str = "the turn was cancelled before the effect's outcome was recorded";
+
 pub(crate) async fn finish_segment<T: Tx>(
     tx: &mut T,
     fence: Fence,
@@ -1028,6 +1031,19 @@ pub(crate) async fn finish_segment<T: Tx>(
         }
     }
     let mut uncertain = 0;
+    if changed && in_flight_reason.is_none() && !turn_active(&session, &turn_id) {
+        // The turn was cancelled while its run went on: what the held writes left in flight (a
+        // model call's start, which the journal does not commit before the call) is uncertain,
+        // as the cancel made what was in flight then.
+        let left = tx
+            .session_effects(&fence.session_id, Some(EffectStatus::Invoking))
+            .await?
+            .into_iter()
+            .filter(|effect| effect.turn_id == turn_id)
+            .collect();
+        uncertain =
+            engine::mark_uncertain(tx, &mut session, left, CANCELLED_IN_FLIGHT, now).await?;
+    }
     if let Some(reason) = &in_flight_reason {
         // Aborted by a shutdown: what the segment had in flight may or may not happen. Said now,
         // under the lease, rather than when the next start claims the session.

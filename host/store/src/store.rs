@@ -278,7 +278,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// answers no command), is applied first, and its failure fails the whole; with `in_flight_reason`, its effects
     /// still in flight become uncertain (a shutdown); the outcome is applied if `turn_id` is
     /// still the active, uncancelled turn (completion appends the items and clears the
-    /// checkpoint; a pause keeps the checkpoint the turn engine wrote); the lease is released.
+    /// checkpoint; a pause keeps the checkpoint the turn engine wrote), and if the turn was
+    /// cancelled meanwhile, what the held writes leave in flight becomes uncertain, as the
+    /// cancel made what was in flight then; the lease is released.
     /// Returns what happened and how many effects became uncertain.
     async fn finish_segment(
         &self,

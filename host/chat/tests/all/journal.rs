@@ -15,10 +15,12 @@ const TWO_ECHOES: &str = "const [a, b] = await Promise.all([tools.t.echo({n: 1})
 
 /// A whole turn (model call, a script of two concurrent calls, model answer) took 16 store
 /// transactions when every journal entry was its own commit and every lookup its own read, 8
-/// while a model call's result was a commit of its own: now two reads, the model call's begin,
-/// the two calls' begins, their results, the second model call's begin, and the run's end.
+/// while a model call's result was a commit of its own, 6 while each model call's start was:
+/// now two reads, the two calls' begins (with the first model call), and the run's end (with
+/// the calls' results and the second model call). One more, at the end of a result window, if
+/// the machine is slow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_turn_of_two_calls_takes_at_most_seven_store_transactions() {
+async fn a_turn_of_two_calls_takes_at_most_five_store_transactions() {
     let dir = dir();
     let store = open_store(dir.path()).await;
     let parts = Parts::new(json!([js(TWO_ECHOES), {"text": "done"}]));
@@ -31,7 +33,7 @@ async fn a_turn_of_two_calls_takes_at_most_seven_store_transactions() {
     let transactions = store.transactions() - before;
     assert_eq!(text, "done");
     assert!(
-        transactions <= 7,
+        transactions <= 5,
         "the turn took {transactions} store transactions"
     );
     // Everything the turn journaled is durable once it returns.
@@ -139,9 +141,9 @@ async fn after_a_failed_commit_every_write_fails() {
     let began = journal
         .begin(
             "t1",
-            "t1:s0:model",
-            EffectKind::ModelCall,
-            json!({"callIndex": 0}),
+            "t1:s0:t0:b0:c0",
+            EffectKind::CapabilityCall,
+            json!({"n": 1}),
             None,
         )
         .await;
@@ -173,22 +175,20 @@ async fn a_result_waits_for_the_journals_next_commit() {
     let store = open_store(dir.path()).await;
     let long = Duration::from_secs(3600);
     let dead = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0).with_result_window(long);
+    let call = "t1:s0:t0:b0:c0";
     assert_eq!(
-        begin(&dead, "t1:s0:model", EffectKind::ModelCall).await,
+        begin(&dead, call, EffectKind::CapabilityCall).await,
         Journaled::New
     );
-    must(
-        dead.complete("t1:s0:model", json!({"ok": {"text": "hi"}}))
-            .await,
-    );
+    must(dead.complete(call, json!({"n": 1})).await);
     assert_eq!(
         statuses(&store).await,
-        [("t1:s0:model".to_owned(), EffectStatus::Invoking)]
+        [(call.to_owned(), EffectStatus::Invoking)]
     );
     drop(dead);
     let next = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
     assert_eq!(
-        begin(&next, "t1:s0:model", EffectKind::ModelCall).await,
+        begin(&next, call, EffectKind::CapabilityCall).await,
         Journaled::Uncertain
     );
 
@@ -211,6 +211,81 @@ async fn a_result_waits_for_the_journals_next_commit() {
             ("t2:s0:t0:b1:c0".to_owned(), EffectStatus::Invoking)
         ]
     );
+}
+
+/// A model call's start is not a commit of its own: asking a model reaches nothing outside. A
+/// process that dies before the journal's next commit leaves nothing of the call, and the next
+/// run asks the model again; once that commit is made (here a capability call's begin), the
+/// model call is journaled, and one in flight when its process dies is uncertain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_calls_start_goes_with_the_journals_next_commit() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let long = Duration::from_secs(3600);
+    let model = "t1:s0:model";
+    let dead = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0).with_result_window(long);
+    // The turn's journal is read on first use: read it before counting.
+    assert_eq!(must(dead.lookup(model).await), None);
+    let before = store.transactions();
+    assert_eq!(
+        begin(&dead, model, EffectKind::ModelCall).await,
+        Journaled::New
+    );
+    must(dead.complete(model, json!({"ok": {"text": "hi"}})).await);
+    assert_eq!(store.transactions(), before, "the model call committed");
+    assert!(statuses(&store).await.is_empty());
+    drop(dead);
+
+    let next = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0).with_result_window(long);
+    assert_eq!(
+        begin(&next, model, EffectKind::ModelCall).await,
+        Journaled::New,
+        "the model is asked again"
+    );
+    let call = "t1:s0:t0:b0:c0";
+    assert_eq!(
+        begin(&next, call, EffectKind::CapabilityCall).await,
+        Journaled::New
+    );
+    assert_eq!(
+        statuses(&store).await,
+        [
+            (model.to_owned(), EffectStatus::Invoking),
+            (call.to_owned(), EffectStatus::Invoking)
+        ]
+    );
+    drop(next);
+    let last = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
+    assert_eq!(
+        begin(&last, model, EffectKind::ModelCall).await,
+        Journaled::Uncertain
+    );
+}
+
+/// Events held when a model call starts are not left waiting on the model: they are committed
+/// at the end of the result window, with the call's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_before_a_model_call_are_committed_within_the_window() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let mut committed = store.subscribe_events();
+    let journal = StoreJournal::new(Arc::clone(&store), "s1", "t1", None, 0);
+    append(&journal, "tool.finished").await;
+    let model = "t1:s1:model";
+    assert_eq!(
+        begin(&journal, model, EffectKind::ModelCall).await,
+        Journaled::New
+    );
+    // Nothing else is written through the journal: the window's end commits the event, whose
+    // notice is the sign (the timeout only guards against a hang).
+    let notice = tokio::time::timeout(Duration::from_secs(60), committed.recv()).await;
+    assert_eq!(must(must(notice)).session_id, "s1");
+    assert_eq!(event_types(&store).await, ["tool.finished"]);
+    assert_eq!(
+        statuses(&store).await,
+        [(model.to_owned(), EffectStatus::Invoking)]
+    );
+    drop(journal);
 }
 
 /// With no other commit coming, a result is committed alone at the end of its window (with the

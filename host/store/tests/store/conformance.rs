@@ -104,6 +104,7 @@ conformance!(
     start_segment_hands_the_run_its_turns_journal,
     a_completed_segment_ends_the_turn_and_releases_the_lease,
     a_segment_finishes_with_what_its_journal_held_or_not_at_all,
+    a_cancelled_turns_held_model_call_is_left_uncertain,
     a_failed_segment_fails_the_turn,
     a_waiting_turn_runs_again_when_a_result_lands_during_its_segment,
     a_cancelled_or_stopped_segment_applies_no_outcome,
@@ -2979,6 +2980,40 @@ async fn start_segment_settles_a_session_with_nothing_to_run(f: &Fixture) -> any
             "{id}: checkpoint cleared"
         );
     }
+    Ok(())
+}
+
+/// A model call's start waits in the journal for its next commit: when the turn is cancelled
+/// during the call, the segment's end writes it, and leaves it uncertain as the cancel left what
+/// was in flight then (never `invoking` on a turn that is over).
+async fn a_cancelled_turns_held_model_call_is_left_uncertain(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    session(store, "s1").await?;
+    store.run_command(message("s1", "k1", "t1", "hi")).await?;
+    let segment = start(store, "r1").await?;
+    let fence = segment.lease.fence();
+    store.run_command(cancel("s1", "k2", Some("user"))).await?;
+    let mut held = SessionCommit::new("s1");
+    held.fence = Some(fence.clone());
+    held.new_effects
+        .push(model_call("t1:s0:model", "t1", json!({})));
+    let (end, uncertain) = store
+        .finish_segment(&fence, "t1", Some(held), completed(vec![]), None)
+        .await?;
+    ensure!(
+        end == SegmentEnd::Unchanged && uncertain == 1,
+        "{end:?}, {uncertain} uncertain"
+    );
+    let effect = store.get_effect("t1:s0:model").await?;
+    ensure!(
+        effect.status == EffectStatus::Uncertain && effect.error.is_some(),
+        "{effect:?}"
+    );
+    let s = store.get_session("s1").await?;
+    ensure!(
+        s.status == SessionStatus::Cancelled && s.owner.is_none(),
+        "{s:?}"
+    );
     Ok(())
 }
 
