@@ -10,8 +10,8 @@
 //!   the journal (each batch re-delivered, fuel checked) and then runs the gated call.
 //!
 //! Prints one JSON line. `--turns N` (default 200) sets the number of iterations. PostgreSQL is
-//! a throwaway server (`corral_store::testing::PgServer`); without one, its rows are skipped
-//! with a note.
+//! a throwaway server (`corral_store::testing::PgServer`); without one, or with
+//! `--embedded-only` (for a profiler), its rows are skipped with a note.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -346,11 +346,13 @@ async fn measure(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut turns = 200;
+    let mut embedded_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--turns" => turns = args.next().unwrap_or_default().parse()?,
-            other => anyhow::bail!("unknown argument {other} (want --turns N)"),
+            "--embedded-only" => embedded_only = true,
+            other => anyhow::bail!("unknown argument {other} (want --turns N, --embedded-only)"),
         }
     }
     let bench = Bench {
@@ -363,7 +365,12 @@ async fn main() -> anyhow::Result<()> {
     let embedded: Arc<dyn Store> = Arc::new(SqliteStore::open(folder.path().join("bench.db"))?);
     results.push(measure(&bench, embedded, "embedded", turns).await?);
     let mut notes = Vec::new();
-    match corral_store::testing::PgServer::start() {
+    let server = if embedded_only {
+        Err(anyhow::anyhow!("not asked (--embedded-only)"))
+    } else {
+        corral_store::testing::PgServer::start().map_err(anyhow::Error::from)
+    };
+    match server {
         Ok(server) => {
             let database = format!("corral_turn_bench_{}", std::process::id());
             let config = server
