@@ -1024,29 +1024,27 @@ pub(crate) async fn finish_segment<T: Tx>(
             }
         };
         changed = true;
-        if in_flight_reason.is_some() {
+    }
+    // What is left in flight becomes uncertain. Aborted by a shutdown: all the segment had in
+    // flight may or may not happen; said now, under the lease, rather than when the next start
+    // claims the session. The turn cancelled while its run went on: what the held writes left
+    // of it in flight (a model call's start, which the journal does not commit before the
+    // call), as the cancel made what was in flight then.
+    let reason = match &in_flight_reason {
+        Some(reason) => Some(reason.as_str()),
+        None => (changed && !turn_active(&session, &turn_id)).then_some(CANCELLED_IN_FLIGHT),
+    };
+    let mut uncertain = 0;
+    if let Some(reason) = reason {
+        if changed {
+            // Read again: the held writes may have completed some of it, or begun more.
             in_flight = tx
                 .session_effects(&fence.session_id, Some(EffectStatus::Invoking))
                 .await?;
         }
-    }
-    let mut uncertain = 0;
-    if changed && in_flight_reason.is_none() && !turn_active(&session, &turn_id) {
-        // The turn was cancelled while its run went on: what the held writes left in flight (a
-        // model call's start, which the journal does not commit before the call) is uncertain,
-        // as the cancel made what was in flight then.
-        let left = tx
-            .session_effects(&fence.session_id, Some(EffectStatus::Invoking))
-            .await?
-            .into_iter()
-            .filter(|effect| effect.turn_id == turn_id)
-            .collect();
-        uncertain =
-            engine::mark_uncertain(tx, &mut session, left, CANCELLED_IN_FLIGHT, now).await?;
-    }
-    if let Some(reason) = &in_flight_reason {
-        // Aborted by a shutdown: what the segment had in flight may or may not happen. Said now,
-        // under the lease, rather than when the next start claims the session.
+        if in_flight_reason.is_none() {
+            in_flight.retain(|effect| effect.turn_id == turn_id);
+        }
         uncertain = engine::mark_uncertain(tx, &mut session, in_flight, reason, now).await?;
     }
     let end = if turn_active(&session, &turn_id) {
