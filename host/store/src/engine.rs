@@ -23,7 +23,7 @@ use crate::model::{
     SessionOwner, SessionStatus, Timestamp, TurnEffects,
 };
 pub(crate) use crate::tx::Tx;
-use crate::tx::{Found, Reads};
+use crate::tx::{EffectsIn, Found, Reads};
 
 /// Rows one expiry or retention pass handles at most: call again while it reports a full batch.
 pub(crate) const BATCH: i64 = 500;
@@ -1371,7 +1371,7 @@ pub(crate) async fn recover_in_flight_effects<T: Tx>(
     let mut changed = 0;
     for session_id in sessions {
         let reads = Reads {
-            effects_in: Some(EffectStatus::Invoking),
+            effects_in: Some(EffectsIn::Invoking(None)),
             ..Reads::locking(&session_id)
         };
         let found = tx.read(&reads).await?;

@@ -25,7 +25,7 @@ use crate::model::{
     NewCommand, NewEvent, NewItem, Resolution, Session, SessionCommit, SessionStatus, Timestamp,
     TurnEffects,
 };
-use crate::tx::{Found, Reads};
+use crate::tx::{EffectsIn, Found, Reads};
 
 /// One command on a session, as an application or an executor sent it.
 #[derive(Clone, Debug, PartialEq)]
@@ -280,7 +280,7 @@ pub(crate) async fn run_command<T: Tx>(
         CommandKind::Message { .. } => {}
         CommandKind::Approve { .. } | CommandKind::Respond { .. } => reads.checkpoint = true,
         CommandKind::Cancel { .. } => {
-            reads.effects_in = Some(EffectStatus::Invoking);
+            reads.effects_in = Some(EffectsIn::Invoking(None));
             reads.session_actions = true;
         }
         CommandKind::ActionResult { action_id, .. } => {
@@ -290,7 +290,7 @@ pub(crate) async fn run_command<T: Tx>(
         CommandKind::Resolve { effect_id, .. } => {
             reads.actions = vec![effect_id.as_str()];
             reads.effects = vec![effect_id.as_str()];
-            reads.effects_in = Some(EffectStatus::Uncertain);
+            reads.effects_in = Some(EffectsIn::Uncertain);
         }
     }
     let mut found = tx.read(&reads).await?;
@@ -851,21 +851,26 @@ pub(crate) async fn start_segment<T: Tx>(
     let now = tx.now().await?;
     engine::take_ownership(&mut session, replica_id, lease, now);
     let granted = engine::grant(&session)?;
-    // What the previous holder left in flight, the checkpoint to run from and the turn's
-    // journal (the run's first read), in one flight. The journal is as the run will find it:
-    // were any of its effects in flight, the session becomes uncertain and nothing runs.
+    // The checkpoint to run from and the turn's journal (the run's first read), in one
+    // flight. The journal holds what the previous holder left in flight (only the active turn
+    // has effects in flight): were any, the session becomes uncertain and nothing runs.
     let reads = Reads {
         session_id: &session.id,
         checkpoint: true,
-        effects_in: Some(EffectStatus::Invoking),
         turn: session.active_turn_id.as_deref(),
         ..Reads::default()
     };
     let mut found = tx.read(&reads).await?;
     let journal = found.turn.take().unwrap_or_default();
+    let in_flight = journal
+        .effects
+        .iter()
+        .filter(|effect| effect.status == EffectStatus::Invoking)
+        .cloned()
+        .collect();
     // Whatever was in flight when the previous holder stopped may or may not have happened.
     let effects_uncertain =
-        engine::mark_uncertain(tx, &mut session, found.in_status, TAKEN_OVER, now).await?;
+        engine::mark_uncertain(tx, &mut session, in_flight, TAKEN_OVER, now).await?;
     let mut changed = effects_uncertain > 0;
     let mut run = None;
     if matches!(
@@ -945,12 +950,30 @@ async fn fail_turn<T: Tx>(
 ) -> Result<(), StoreError> {
     let error = json!({"code": code, "message": message});
     let mut event = NewEvent::new("turn.failed", json!({"error": error}));
-    event.turn_id = session.active_turn_id.take();
+    event.turn_id = session.active_turn_id.clone();
     session.status = SessionStatus::Failed;
     session.state = server_state(&session.state, Value::Null, error);
-    tx.supersede_checkpoints(&session.id, None, now).await?;
+    end_turn(tx, session, now).await?;
     let events = engine::append_events(session, vec![event], now);
     engine::insert_events(tx, &events).await
+}
+
+/// Why an effect a turn still had in flight when it completed or failed is uncertain.
+const ENDED_IN_FLIGHT: &str = "the turn ended before the effect's outcome was recorded";
+
+/// Ends the session's active turn: its checkpoint is superseded, and what it left in flight
+/// becomes uncertain, so that only the active turn ever has effects in flight (what a start,
+/// a cancel or a recovery marks uncertain is read by the turn).
+async fn end_turn<T: Tx>(
+    tx: &mut T,
+    session: &mut Session,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    if let Some(turn_id) = session.active_turn_id.take() {
+        tx.uncertain_left_in_flight(&session.id, &turn_id, ENDED_IN_FLIGHT, now)
+            .await?;
+    }
+    tx.supersede_checkpoints(&session.id, None, now).await
 }
 
 /// Why an effect in flight when its turn was cancelled is uncertain.
@@ -995,7 +1018,7 @@ pub(crate) async fn finish_segment<T: Tx>(
         effects_in: in_flight_reason
             .as_ref()
             .filter(|_| held.is_none())
-            .map(|_| EffectStatus::Invoking),
+            .map(|_| EffectsIn::Invoking(Some(&turn_id))),
         ..Reads::locking(&fence.session_id)
     };
     let mut found = tx.read(&reads).await?;
@@ -1039,11 +1062,8 @@ pub(crate) async fn finish_segment<T: Tx>(
         if changed {
             // Read again: the held writes may have completed some of it, or begun more.
             in_flight = tx
-                .session_effects(&fence.session_id, Some(EffectStatus::Invoking))
+                .effects_in(&fence.session_id, EffectsIn::Invoking(Some(&turn_id)))
                 .await?;
-        }
-        if in_flight_reason.is_none() {
-            in_flight.retain(|effect| effect.turn_id == turn_id);
         }
         uncertain = engine::mark_uncertain(tx, &mut session, in_flight, reason, now).await?;
     }
@@ -1081,9 +1101,8 @@ async fn apply_outcome<T: Tx>(
                 .await?;
             }
             session.status = SessionStatus::Completed;
-            session.active_turn_id = None;
             session.state = server_state(&session.state, Value::Null, Value::Null);
-            tx.supersede_checkpoints(&session.id, None, now).await?;
+            end_turn(tx, session, now).await?;
             events.push(NewEvent::new("turn.completed", json!({"output": output})));
         }
         SegmentOutcome::Paused { checkpoint } => {
@@ -1124,9 +1143,8 @@ async fn apply_outcome<T: Tx>(
         SegmentOutcome::Failed { code, message } => {
             let error = json!({"code": code, "message": message});
             session.status = SessionStatus::Failed;
-            session.active_turn_id = None;
             session.state = server_state(&session.state, Value::Null, error.clone());
-            tx.supersede_checkpoints(&session.id, None, now).await?;
+            end_turn(tx, session, now).await?;
             events.push(NewEvent::new("turn.failed", json!({"error": error})));
         }
         // A cancel command already wrote everything; a shutdown leaves the session running,

@@ -22,10 +22,10 @@ macro_rules! migrations {
 }
 
 /// Migrations of the embedded store.
-pub(crate) const SQLITE: &[Migration] = migrations!("sqlite": 1 => "0001_initial.sql", 2 => "0002_agent_access.sql", 3 => "0003_effects_by_turn.sql");
+pub(crate) const SQLITE: &[Migration] = migrations!("sqlite": 1 => "0001_initial.sql", 2 => "0002_agent_access.sql", 3 => "0003_effects_by_turn.sql", 4 => "0004_fewer_pages_per_commit.sql");
 
 /// Migrations of PostgreSQL.
-pub(crate) const POSTGRES: &[Migration] = migrations!("postgres": 1 => "0001_initial.sql", 2 => "0002_agent_access.sql", 3 => "0003_effects_by_turn.sql");
+pub(crate) const POSTGRES: &[Migration] = migrations!("postgres": 1 => "0001_initial.sql", 2 => "0002_agent_access.sql", 3 => "0003_effects_by_turn.sql", 4 => "0004_fewer_pages_per_commit.sql");
 
 /// The newest version in `migrations`.
 pub(crate) fn latest(migrations: &[Migration]) -> u32 {

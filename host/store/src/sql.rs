@@ -216,6 +216,16 @@ pub(crate) const UPDATE_SESSION: Sql = sql!(
      last_cursor = $6, last_item_seq = $7, owner_replica = $8, lease_expires_at = $9, \
      generation = $10, updated_at = $11, closed_at = $12 WHERE id = $1"
 );
+/// [`UPDATE_SESSION`] in two, for SQLite, which rewrites the entry of every index on a column
+/// an `UPDATE` sets, changed or not: the status (`corral_sessions_claimable`) is set only when
+/// it changed, the rest with the same parameters (`$2` unused).
+pub(crate) const UPDATE_SESSION_STATUS: Sql =
+    sql!("UPDATE corral_sessions SET status = $2 WHERE id = $1 AND status <> $2");
+pub(crate) const UPDATE_SESSION_BUT_STATUS: Sql = sql!(
+    "UPDATE corral_sessions SET active_turn_id = $3, state = $4, version = $5, \
+     last_cursor = $6, last_item_seq = $7, owner_replica = $8, lease_expires_at = $9, \
+     generation = $10, updated_at = $11, closed_at = $12 WHERE id = $1"
+);
 pub(crate) const LIST_SESSIONS: Sql = sql!(
     "SELECT ",
     session_columns!(),
@@ -369,13 +379,36 @@ pub(crate) const SESSION_EFFECTS: Sql = sql!(
     effect_columns!(),
     " FROM corral_effects WHERE session_id = $1 ORDER BY created_at, effect_id"
 );
-/// The session's effects in one status, found through `corral_effects_session` (a condition
-/// that may be true for every status would make both databases read all the session's effects,
-/// and a segment's start reads the effects in flight of a session with thousands).
+/// The session's effects in one status, by the session's part of `corral_effects_turn`: a
+/// listing, which reads all the session's effects. The reads of a step use the two below.
 pub(crate) const SESSION_EFFECTS_IN: Sql = sql!(
     "SELECT ",
     effect_columns!(),
     " FROM corral_effects WHERE session_id = $1 AND status = $2 ORDER BY created_at, effect_id"
+);
+/// The effects of turn `$2` left `invoking`, or with `$2` null those of the session's active
+/// turn: only a turn's run has effects in flight, so the turn's part of `corral_effects_turn`
+/// finds them, and no index on the status is rewritten each time an effect begins or ends.
+pub(crate) const TURN_EFFECTS_INVOKING: Sql = sql!(
+    "SELECT ",
+    effect_columns!(),
+    " FROM corral_effects WHERE session_id = $1 AND turn_id = COALESCE(CAST($2 AS TEXT), \
+     (SELECT active_turn_id FROM corral_sessions WHERE id = $1)) AND status = 'invoking' \
+     ORDER BY created_at, effect_id"
+);
+/// A turn that ends leaves none of its effects `invoking`: those it still had in flight (a call
+/// a script started and did not await, cancelled with it) become `uncertain`.
+pub(crate) const UNCERTAIN_LEFT_IN_FLIGHT: Sql = sql!(
+    "UPDATE corral_effects SET status = 'uncertain', error = $3, updated_at = $4 \
+     WHERE session_id = $1 AND turn_id = $2 AND status = 'invoking'"
+);
+/// The session's `uncertain` effects, of any turn, from the partial index that holds only them
+/// (an effect becomes uncertain only when a run stops with it in flight).
+pub(crate) const SESSION_EFFECTS_UNCERTAIN: Sql = sql!(
+    "SELECT ",
+    effect_columns!(),
+    " FROM corral_effects WHERE session_id = $1 AND status = 'uncertain' \
+     ORDER BY created_at, effect_id"
 );
 
 pub(crate) const ACTION: Sql = sql!(
@@ -687,8 +720,12 @@ mod tests {
                 "USING INDEX sqlite_autoindex_corral_sessions_1 (id=?)",
             ),
             (
-                SESSION_EFFECTS_IN,
-                "USING INDEX corral_effects_session (session_id=? AND status=?)",
+                TURN_EFFECTS_INVOKING,
+                "USING INDEX corral_effects_turn (session_id=? AND turn_id=?)",
+            ),
+            (
+                SESSION_EFFECTS_UNCERTAIN,
+                "USING INDEX corral_effects_uncertain (session_id=?)",
             ),
             (
                 TURN_EFFECTS,

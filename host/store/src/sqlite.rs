@@ -17,9 +17,9 @@ use crate::backend::Backend;
 use crate::error::{OpenStoreError, StoreError};
 use crate::feed::{Feed, Notice};
 use crate::migrations::{self, Migration};
-use crate::model::{StoreBackend, Timestamp};
-use crate::sql::{Param, Row, Sql};
-use crate::tx::{Query, Tx};
+use crate::model::{Session, StoreBackend, Timestamp};
+use crate::sql::{self, Param, Row, Sql};
+use crate::tx::{Query, Tx, session_update};
 
 /// When SQLite waits for the disk before acknowledging a commit.
 ///
@@ -191,9 +191,6 @@ impl SqliteStore {
         connection
             .pragma_update(None, "synchronous", options.synchronous.pragma())
             .map_err(sqlite("configure"))?;
-        connection
-            .pragma_update(None, "foreign_keys", "ON")
-            .map_err(sqlite("configure"))?;
         // Only tools reading the file while corral runs can hold SQLite's own locks.
         connection
             .busy_timeout(BUSY_TIMEOUT)
@@ -210,7 +207,15 @@ impl SqliteStore {
         connection
             .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
             .map_err(sqlite("configure"))?;
+        // Off while migrating: a table rebuilt the documented way is dropped before its copy
+        // takes its name, which with foreign keys on would delete the rows that refer to it.
+        connection
+            .pragma_update(None, "foreign_keys", "OFF")
+            .map_err(sqlite("configure"))?;
         migrate(&mut connection, &path)?;
+        connection
+            .pragma_update(None, "foreign_keys", "ON")
+            .map_err(sqlite("configure"))?;
         let checkpointer = spawn_checkpointer(&path)?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -350,6 +355,22 @@ fn migrate(connection: &mut Connection, path: &Path) -> Result<(), OpenStoreErro
         )
         .map_err(failed)?;
     }
+    // What the migrations did must leave every foreign key satisfied (they ran without them).
+    let violations: i64 = tx
+        .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |row| {
+            row.get(0)
+        })
+        .map_err(sqlite("check the foreign keys of"))?;
+    if violations > 0 {
+        return Err(OpenStoreError::Backend {
+            action: "migrate",
+            source: format!(
+                "{violations} rows of {} break a foreign key after the migrations",
+                path.display()
+            )
+            .into(),
+        });
+    }
     tx.commit().map_err(sqlite("migrate"))
 }
 
@@ -455,6 +476,15 @@ impl Tx for SqliteTx<'_> {
         params: Vec<Param<'_>>,
     ) -> Result<(), StoreError> {
         self.run(operation, sql, &params).map(drop)
+    }
+
+    /// In two statements ([`sql::UPDATE_SESSION_STATUS`]): most commits leave the status as it
+    /// was, and then write no page of `corral_sessions_claimable`.
+    async fn update_session(&mut self, s: &Session) -> Result<(), StoreError> {
+        let params = session_update(s)?;
+        self.run("update a session", sql::UPDATE_SESSION_STATUS, &params[..2])?;
+        self.run("update a session", sql::UPDATE_SESSION_BUT_STATUS, &params)
+            .map(drop)
     }
 
     async fn query<T: Send>(

@@ -33,7 +33,7 @@ pub(crate) enum Fetched {
     Effect(Effect),
     Action(Action),
     Checkpoint(Checkpoint),
-    /// One of the session's effects in [`Reads::effects_in`].
+    /// One of the effects [`Reads::effects_in`] asked for.
     InStatus(Effect),
     /// One of the session's actions ([`Reads::session_actions`]).
     SessionAction(Action),
@@ -59,12 +59,32 @@ pub(crate) struct Reads<'a> {
     pub(crate) actions: Vec<&'a str>,
     /// The session's live checkpoint.
     pub(crate) checkpoint: bool,
-    /// The session's effects in this status.
-    pub(crate) effects_in: Option<EffectStatus>,
+    /// Effects by their status.
+    pub(crate) effects_in: Option<EffectsIn<'a>>,
     /// All of the session's actions.
     pub(crate) session_actions: bool,
     /// This turn's journal ([`TurnEffects`]).
     pub(crate) turn: Option<&'a str>,
+}
+
+/// Which effects [`Reads::effects_in`] reads by their status, each through an index that a
+/// turn's writes do not rewrite at every step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum EffectsIn<'a> {
+    /// A turn's effects left `invoking`: this turn's, or with `None` the session's active
+    /// turn's (read in the same flight as the session). Only a turn's run has effects in flight.
+    Invoking(Option<&'a str>),
+    /// The session's `uncertain` effects, of any turn.
+    Uncertain,
+}
+
+impl<'a> EffectsIn<'a> {
+    fn query(self, session_id: &'a str) -> (Sql, Vec<Param<'a>>) {
+        match self {
+            EffectsIn::Invoking(turn) => (sql::TURN_EFFECTS_INVOKING, args![session_id, turn]),
+            EffectsIn::Uncertain => (sql::SESSION_EFFECTS_UNCERTAIN, args![session_id]),
+        }
+    }
 }
 
 impl<'a> Reads<'a> {
@@ -112,11 +132,12 @@ impl<'a> Reads<'a> {
                 decode: |row| sql::decode_checkpoint(row).map(Fetched::Checkpoint),
             });
         }
-        if let Some(status) = self.effects_in {
+        if let Some(which) = self.effects_in {
+            let (sql, params) = which.query(self.session_id);
             queries.push(Query {
                 operation: "list effects",
-                sql: sql::SESSION_EFFECTS_IN,
-                params: args![self.session_id, status.as_str()],
+                sql,
+                params,
                 decode: |row| sql::decode_effect(row).map(Fetched::InStatus),
             });
         }
@@ -163,7 +184,7 @@ pub(crate) struct Found {
     /// Every action id asked for: `None` if it does not exist.
     pub(crate) actions: BTreeMap<String, Option<Action>>,
     pub(crate) checkpoint: Option<Checkpoint>,
-    /// The session's effects in [`Reads::effects_in`].
+    /// The effects [`Reads::effects_in`] asked for.
     pub(crate) in_status: Vec<Effect>,
     /// The session's actions, when [`Reads::session_actions`] asked for them.
     pub(crate) session_actions: Vec<Action>,
@@ -216,6 +237,25 @@ pub(crate) enum Listed {
     Event(Event),
     Effect(Effect),
     Count(i64),
+}
+
+/// The parameters of [`sql::UPDATE_SESSION`]: every mutable field of `s`.
+pub(crate) fn session_update(s: &Session) -> Result<Vec<Param<'_>>, StoreError> {
+    let (owner, lease) = owner_columns(s);
+    Ok(args![
+        &s.id,
+        s.status.as_str(),
+        &s.active_turn_id,
+        s.state.to_string(),
+        counter(s.version)?,
+        counter(s.last_cursor)?,
+        counter(s.last_item_seq)?,
+        owner,
+        lease,
+        counter(s.generation)?,
+        s.updated_at.as_unix_millis(),
+        s.closed_at.map(Timestamp::as_unix_millis),
+    ])
 }
 
 /// The session's owner as two nullable columns.
@@ -388,26 +428,8 @@ pub(crate) trait Tx: Send {
         &mut self,
         s: &Session,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            let (owner, lease) = owner_columns(s);
-            let params = args![
-                &s.id,
-                s.status.as_str(),
-                &s.active_turn_id,
-                s.state.to_string(),
-                counter(s.version)?,
-                counter(s.last_cursor)?,
-                counter(s.last_item_seq)?,
-                owner,
-                lease,
-                counter(s.generation)?,
-                s.updated_at.as_unix_millis(),
-                s.closed_at.map(Timestamp::as_unix_millis),
-            ];
-            self.write("update a session", sql::UPDATE_SESSION, params)
-        }
+        async move { self.write("update a session", sql::UPDATE_SESSION, session_update(s)?) }
     }
-
     fn list_sessions(
         &mut self,
         filter: &SessionFilter,
@@ -644,6 +666,22 @@ pub(crate) trait Tx: Send {
         std::future::ready(result)
     }
 
+    /// Marks the effects `turn_id` left `invoking` uncertain, for `reason` (the turn is over:
+    /// no event announces them, as nobody waits on the turn).
+    fn uncertain_left_in_flight(
+        &mut self,
+        session_id: &str,
+        turn_id: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(self.write(
+            "mark what a turn left in flight uncertain",
+            sql::UNCERTAIN_LEFT_IN_FLIGHT,
+            args![session_id, turn_id, reason, now.as_unix_millis()],
+        ))
+    }
+
     /// Writes (turn, segment) as the live checkpoint, replacing the data of an equal key.
     fn upsert_checkpoint(
         &mut self,
@@ -702,10 +740,24 @@ pub(crate) trait Tx: Send {
         status: Option<EffectStatus>,
     ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send {
         let (sql, params) = match status {
+            Some(EffectStatus::Uncertain) => EffectsIn::Uncertain.query(session_id),
             Some(status) => (sql::SESSION_EFFECTS_IN, args![session_id, status.as_str()]),
             None => (sql::SESSION_EFFECTS, args![session_id]),
         };
         self.rows("list effects", sql, params, sql::decode_effect)
+    }
+
+    /// The effects `which` selects (see [`EffectsIn`]).
+    fn effects_in(
+        &mut self,
+        session_id: &str,
+        which: EffectsIn<'_>,
+    ) -> impl Future<Output = Result<Vec<Effect>, StoreError>> + Send {
+        async move {
+            let (sql, params) = which.query(session_id);
+            self.rows("list effects", sql, params, sql::decode_effect)
+                .await
+        }
     }
 
     /// The effects of `turn_id` and how many effects of `kind` the session's other turns

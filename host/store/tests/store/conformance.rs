@@ -105,6 +105,7 @@ conformance!(
     a_completed_segment_ends_the_turn_and_releases_the_lease,
     a_segment_finishes_with_what_its_journal_held_or_not_at_all,
     a_cancelled_turns_held_model_call_is_left_uncertain,
+    a_turn_that_ends_leaves_none_of_its_effects_invoking,
     a_failed_segment_fails_the_turn,
     a_waiting_turn_runs_again_when_a_result_lands_during_its_segment,
     a_cancelled_or_stopped_segment_applies_no_outcome,
@@ -889,9 +890,6 @@ async fn a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain(
     session(store, "s1").await?;
     set_turn_with_checkpoint(store, "s1", SessionStatus::Running, "t1").await?;
     store
-        .begin_effect(BeginEffect::new("s1", model_call("e-old", "t0", json!(0))))
-        .await?;
-    store
         .begin_effect(BeginEffect::new("s1", model_call("e1", "t1", json!(1))))
         .await?;
     store
@@ -924,14 +922,13 @@ async fn a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain(
             session_id,
             effects_uncertain,
         } => ensure!(
-            session_id == "s1" && effects_uncertain == 2,
+            session_id == "s1" && effects_uncertain == 1,
             "settled {session_id} with {effects_uncertain} uncertain"
         ),
         other => anyhow::bail!("expected the session settled as uncertain, got {other:?}"),
     }
     let e1 = store.get_effect("e1").await?;
     ensure!(e1.status == EffectStatus::Uncertain && e1.error.is_some());
-    ensure!(store.get_effect("e-old").await?.status == EffectStatus::Uncertain);
     ensure!(
         store.get_effect("e2").await?.status == EffectStatus::Completed,
         "completed stays"
@@ -978,21 +975,19 @@ async fn a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain(
         }
     );
 
-    // Only in-flight effects of an older turn: the session still runs its turn.
+    // Nothing in flight: the session runs its turn on. (Only the active turn has effects in
+    // flight: a turn that ends marks what it left uncertain, see
+    // `a_turn_that_ends_leaves_none_of_its_effects_invoking`.)
     session(store, "s2").await?;
     set_turn_with_checkpoint(store, "s2", SessionStatus::Running, "t2").await?;
-    let mut older = invoking_effect("s2-old", "t1");
-    older.session_id = "s2".into();
-    store.begin_effect(older).await?;
     store.acquire_session("s2", "replica-a", SHORT).await?;
     tokio::time::sleep(PAST_SHORT).await;
     let segment = start(&*f.peer, "replica-b").await?;
     ensure!(segment.session.id == "s2" && segment.turn_id == "t2" && segment.segment == 0);
-    ensure!(segment.effects_uncertain == 1, "{segment:?}");
+    ensure!(segment.effects_uncertain == 0, "{segment:?}");
     ensure!(segment.checkpoint == TurnCheckpoint::new_turn("t2", "hi"));
     ensure!(segment.lease.replica_id == "replica-b" && segment.lease.generation == 2);
     ensure!(segment.session.status == SessionStatus::Running);
-    ensure!(store.get_effect("s2-old").await?.status == EffectStatus::Uncertain);
     Ok(())
 }
 
@@ -2416,14 +2411,18 @@ async fn action_results_complete_action_effect_and_session_together(
 async fn uncertain_effects_are_resolved_by_retry_or_outcome(f: &Fixture) -> anyhow::Result<()> {
     let store = &*f.store;
     session(store, "s1").await?;
-    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
+    // An earlier turn's uncertain effect.
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t0")).await?;
     store.begin_effect(invoking_effect("m0", "t0")).await?;
+    ensure!(store.recover_in_flight_effects("restart", true).await? == 1);
+    set_turn(store, "s1", SessionStatus::Waiting, Some("t1")).await?;
     store.begin_effect(action_effect("a1", "t1")).await?;
     store.begin_effect(invoking_effect("m1", "t1")).await?;
     store.claim_action(claim("a1", "c1", SHORT)).await?;
     tokio::time::sleep(PAST_SHORT).await;
     ensure!(store.expire_action_claims().await?.len() == 1);
-    ensure!(store.recover_in_flight_effects("restart", true).await? == 2);
+    ensure!(store.recover_in_flight_effects("restart", true).await? == 1);
+    ensure!(store.get_effect("m0").await?.status == EffectStatus::Uncertain);
     ensure!(store.get_session("s1").await?.status == SessionStatus::Uncertain);
 
     expect_err!(
@@ -3014,6 +3013,78 @@ async fn a_cancelled_turns_held_model_call_is_left_uncertain(f: &Fixture) -> any
         s.status == SessionStatus::Cancelled && s.owner.is_none(),
         "{s:?}"
     );
+    Ok(())
+}
+
+/// A turn that completes or fails leaves none of its effects `invoking`: what it still had in
+/// flight (a call a script started and did not await, cancelled with the script) becomes
+/// uncertain, without an event, as nobody waits on the turn any more. Only the active turn
+/// has effects in flight, which is where a start, a cancel and a recovery look for them.
+async fn a_turn_that_ends_leaves_none_of_its_effects_invoking(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    for (session_id, outcome) in [
+        ("s1", completed(vec![])),
+        (
+            "s2",
+            SegmentOutcome::Failed {
+                code: "model_error".into(),
+                message: "the model failed".into(),
+            },
+        ),
+    ] {
+        session(store, session_id).await?;
+        store
+            .run_command(message(session_id, "k1", "t1", "hi"))
+            .await?;
+        let segment = start(store, "r1").await?;
+        let fence = segment.lease.fence();
+        let (model, call) = (format!("{session_id}:model"), format!("{session_id}:call"));
+        let mut begin = BeginEffect::new(session_id, model_call(&model, "t1", json!({})));
+        begin.fence = Some(fence.clone());
+        store.begin_effect(begin).await?;
+        let mut held = SessionCommit::new(session_id);
+        held.fence = Some(fence.clone());
+        held.effects.push(
+            EffectTransition::new(&model, &[EffectStatus::Invoking], EffectStatus::Completed)
+                .with_result(json!({"text": "hi"})),
+        );
+        held.new_effects.push(NewEffect::new(
+            &call,
+            "t1",
+            EffectKind::CapabilityCall,
+            EffectStatus::Invoking,
+            json!({}),
+        ));
+        let before = store.get_session(session_id).await?.last_cursor;
+        let (end, uncertain) = store
+            .finish_segment(&fence, "t1", Some(held), outcome, None)
+            .await?;
+        ensure!(
+            end == SegmentEnd::Applied,
+            "{session_id}: {end:?}, {uncertain}"
+        );
+        let call = store.get_effect(&call).await?;
+        ensure!(
+            call.status == EffectStatus::Uncertain
+                && call.error.as_deref()
+                    == Some("the turn ended before the effect's outcome was recorded"),
+            "{session_id}: {call:?}"
+        );
+        let model = store.get_effect(&model).await?;
+        ensure!(model.status == EffectStatus::Completed, "{model:?}");
+        let s = store.get_session(session_id).await?;
+        ensure!(
+            matches!(s.status, SessionStatus::Completed | SessionStatus::Failed)
+                && s.active_turn_id.is_none(),
+            "{s:?}"
+        );
+        let events = store.list_events(session_id, before, 10).await?;
+        let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        ensure!(
+            types == ["turn.completed"] || types == ["turn.failed"],
+            "{session_id}: no event announces the effect: {types:?}"
+        );
+    }
     Ok(())
 }
 

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail, ensure};
 use corral_store::{
-    CheckpointWrite, Entity, MAX_PAGE, NewCheckpoint, NewEvent, NewItem, OpenStoreError,
-    SessionCommit, SqliteStore, Store, StoreError,
+    CheckpointWrite, EffectStatus, Entity, MAX_PAGE, NewCheckpoint, NewEvent, NewItem,
+    OpenStoreError, SessionCommit, SqliteStore, Store, StoreError,
 };
 use libtest_mimic::Trial;
 use serde_json::json;
@@ -44,6 +44,10 @@ pub fn trials() -> Vec<Trial> {
             the_file_is_in_wal_mode_with_prefixed_objects,
         ),
         trial("a_newer_schema_is_refused", a_newer_schema_is_refused),
+        trial(
+            "a_version_3_file_keeps_its_effects_and_their_actions",
+            a_version_3_file_keeps_its_effects_and_their_actions,
+        ),
         trial(
             "a_failing_migration_leaves_nothing_behind",
             a_failing_migration_leaves_nothing_behind,
@@ -359,9 +363,76 @@ fn the_file_is_in_wal_mode_with_prefixed_objects() -> anyhow::Result<()> {
         .prepare("SELECT version FROM corral_schema_migrations ORDER BY version")?
         .query_map([], |row| row.get(0))?
         .collect::<Result<_, _>>()?;
-    ensure!(versions == [1, 2, 3], "applied migrations {versions:?}");
+    ensure!(versions == [1, 2, 3, 4], "applied migrations {versions:?}");
     drop(connection);
     SqliteStore::open(&path).context("reopening applies nothing twice")?;
+    Ok(())
+}
+
+/// Version 4 rebuilds `corral_effects` (without a rowid), which `corral_actions` refers to:
+/// a file written by version 3 keeps every effect and action, and the foreign keys still hold.
+/// What an ended turn left invoking becomes uncertain; the active turn's in flight stays so.
+fn a_version_3_file_keeps_its_effects_and_their_actions() -> anyhow::Result<()> {
+    let folder = tempfile::tempdir()?;
+    let path = folder.path().join("corral.db");
+    let connection = raw(&path)?;
+    connection.execute_batch(concat!(
+        include_str!("../../migrations/sqlite/0001_initial.sql"),
+        include_str!("../../migrations/sqlite/0002_agent_access.sql"),
+        include_str!("../../migrations/sqlite/0003_effects_by_turn.sql"),
+        "CREATE TABLE corral_schema_migrations (version INTEGER NOT NULL PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at INTEGER NOT NULL);
+         INSERT INTO corral_schema_migrations VALUES (1, '0001_initial.sql', 0), \
+         (2, '0002_agent_access.sql', 0), (3, '0003_effects_by_turn.sql', 0);
+         INSERT INTO corral_sessions (id, tenant_id, owner_user_id, agent_id, manifest, \
+         manifest_hash, implementation_version, creation, status, active_turn_id, state, \
+         version, last_cursor, last_item_seq, generation, created_at, updated_at) VALUES \
+         ('s1', 'acme', 'u1', 'a1', '{}', 'sha256:m', '1', '{}', 'waiting', 't1', '{}', \
+         3, 0, 0, 0, 1, 2);
+         INSERT INTO corral_effects (effect_id, session_id, turn_id, kind, status, request, \
+         result, error, created_at, updated_at) VALUES \
+         ('t1:e1', 's1', 't1', 'capability_call', 'pending', '{\"n\":1}', NULL, NULL, 1, 1), \
+         ('t1:e0', 's1', 't1', 'model_call', 'completed', '{}', '{\"text\":\"hi\"}', NULL, 1, 2), \
+         ('t1:e2', 's1', 't1', 'capability_call', 'invoking', '{}', NULL, NULL, 1, 1), \
+         ('t0:e9', 's1', 't0', 'capability_call', 'invoking', '{}', NULL, NULL, 1, 1);
+         INSERT INTO corral_actions (action_id, session_id, turn_id, agent_id, manifest_hash, \
+         implementation_version, capability_id, request, status, generation, created_at, \
+         updated_at) VALUES ('t1:e1', 's1', 't1', 'a1', 'sha256:m', '1', 'crm.update', \
+         '{\"n\":1}', 'pending', 0, 1, 1);"
+    ))?;
+    drop(connection);
+
+    run(async {
+        let store = SqliteStore::open(&path)?;
+        let effect = store.get_effect("t1:e1").await?;
+        ensure!(effect.request == json!({"n": 1}), "{effect:?}");
+        let model = store.get_effect("t1:e0").await?;
+        ensure!(model.result == Some(json!({"text": "hi"})), "{model:?}");
+        let action = store.get_action("t1:e1").await?;
+        ensure!(action.capability_id == "crm.update", "{action:?}");
+        let active = store.get_effect("t1:e2").await?;
+        ensure!(active.status == EffectStatus::Invoking, "{active:?}");
+        let ended = store.get_effect("t0:e9").await?;
+        ensure!(
+            ended.status == EffectStatus::Uncertain && ended.error.is_some(),
+            "{ended:?}"
+        );
+        Ok(())
+    })
+    .map_err(|failure| anyhow::anyhow!("{failure:?}"))?;
+    let connection = raw(&path)?;
+    let table: String = connection.query_row(
+        "SELECT sql FROM sqlite_master WHERE name = 'corral_effects'",
+        [],
+        |row| row.get(0),
+    )?;
+    ensure!(table.ends_with("WITHOUT ROWID"), "{table}");
+    // The action still refers to its effect: deleting the effect deletes it.
+    connection.execute_batch("PRAGMA foreign_keys = ON")?;
+    connection.execute("DELETE FROM corral_effects WHERE effect_id = 't1:e1'", [])?;
+    let actions: i64 =
+        connection.query_row("SELECT count(*) FROM corral_actions", [], |row| row.get(0))?;
+    ensure!(actions == 0, "{actions} actions outlived their effect");
     Ok(())
 }
 
@@ -376,7 +447,7 @@ fn a_newer_schema_is_refused() -> anyhow::Result<()> {
     match SqliteStore::open(&path) {
         Err(OpenStoreError::SchemaTooNew {
             found: 99,
-            supported: 3,
+            supported: 4,
         }) => Ok(()),
         other => bail!("expected SchemaTooNew, got {other:?}"),
     }

@@ -94,7 +94,7 @@ async fn replicas_starting_together_migrate_once(harness: Arc<Harness>) -> anyho
         )
         .await?;
     let versions: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-    ensure!(versions == [1, 2, 3], "applied {versions:?}");
+    ensure!(versions == [1, 2, 3, 4], "applied {versions:?}");
     session(&stores[3], "s1").await?;
     ensure!(
         stores[0].get_session("s1").await?.id == "s1",
@@ -150,7 +150,7 @@ async fn a_newer_schema_is_refused(harness: Arc<Harness>) -> anyhow::Result<()> 
     match outcome {
         Err(OpenStoreError::SchemaTooNew {
             found: 99,
-            supported: 3,
+            supported: 4,
         }) => Ok(()),
         Err(other) => bail!("expected SchemaTooNew, got {other:?}"),
         Ok(_) => bail!("started against a newer schema"),
