@@ -45,6 +45,10 @@ pub fn trials() -> Vec<Trial> {
         ),
         trial("a_newer_schema_is_refused", a_newer_schema_is_refused),
         trial(
+            "a_migration_that_breaks_a_foreign_key_is_refused",
+            a_migration_that_breaks_a_foreign_key_is_refused,
+        ),
+        trial(
             "a_version_3_file_keeps_its_effects_and_their_actions",
             a_version_3_file_keeps_its_effects_and_their_actions,
         ),
@@ -375,32 +379,7 @@ fn the_file_is_in_wal_mode_with_prefixed_objects() -> anyhow::Result<()> {
 fn a_version_3_file_keeps_its_effects_and_their_actions() -> anyhow::Result<()> {
     let folder = tempfile::tempdir()?;
     let path = folder.path().join("corral.db");
-    let connection = raw(&path)?;
-    connection.execute_batch(concat!(
-        include_str!("../../migrations/sqlite/0001_initial.sql"),
-        include_str!("../../migrations/sqlite/0002_agent_access.sql"),
-        include_str!("../../migrations/sqlite/0003_effects_by_turn.sql"),
-        "CREATE TABLE corral_schema_migrations (version INTEGER NOT NULL PRIMARY KEY, \
-         name TEXT NOT NULL, applied_at INTEGER NOT NULL);
-         INSERT INTO corral_schema_migrations VALUES (1, '0001_initial.sql', 0), \
-         (2, '0002_agent_access.sql', 0), (3, '0003_effects_by_turn.sql', 0);
-         INSERT INTO corral_sessions (id, tenant_id, owner_user_id, agent_id, manifest, \
-         manifest_hash, implementation_version, creation, status, active_turn_id, state, \
-         version, last_cursor, last_item_seq, generation, created_at, updated_at) VALUES \
-         ('s1', 'acme', 'u1', 'a1', '{}', 'sha256:m', '1', '{}', 'waiting', 't1', '{}', \
-         3, 0, 0, 0, 1, 2);
-         INSERT INTO corral_effects (effect_id, session_id, turn_id, kind, status, request, \
-         result, error, created_at, updated_at) VALUES \
-         ('t1:e1', 's1', 't1', 'capability_call', 'pending', '{\"n\":1}', NULL, NULL, 1, 1), \
-         ('t1:e0', 's1', 't1', 'model_call', 'completed', '{}', '{\"text\":\"hi\"}', NULL, 1, 2), \
-         ('t1:e2', 's1', 't1', 'capability_call', 'invoking', '{}', NULL, NULL, 1, 1), \
-         ('t0:e9', 's1', 't0', 'capability_call', 'invoking', '{}', NULL, NULL, 1, 1);
-         INSERT INTO corral_actions (action_id, session_id, turn_id, agent_id, manifest_hash, \
-         implementation_version, capability_id, request, status, generation, created_at, \
-         updated_at) VALUES ('t1:e1', 's1', 't1', 'a1', 'sha256:m', '1', 'crm.update', \
-         '{\"n\":1}', 'pending', 0, 1, 1);"
-    ))?;
-    drop(connection);
+    version_3_file(&path, "")?;
 
     run(async {
         let store = SqliteStore::open(&path)?;
@@ -433,6 +412,63 @@ fn a_version_3_file_keeps_its_effects_and_their_actions() -> anyhow::Result<()> 
     let actions: i64 =
         connection.query_row("SELECT count(*) FROM corral_actions", [], |row| row.get(0))?;
     ensure!(actions == 0, "{actions} actions outlived their effect");
+    Ok(())
+}
+
+/// A file as version 3 left it: a session, its effects (one pending with its action, one
+/// completed, one invoking in the active turn, one invoking in a turn that is over), then `more`.
+fn version_3_file(path: &Path, more: &str) -> anyhow::Result<()> {
+    let connection = raw(path)?;
+    connection.execute_batch(concat!(
+        include_str!("../../migrations/sqlite/0001_initial.sql"),
+        include_str!("../../migrations/sqlite/0002_agent_access.sql"),
+        include_str!("../../migrations/sqlite/0003_effects_by_turn.sql"),
+        "CREATE TABLE corral_schema_migrations (version INTEGER NOT NULL PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at INTEGER NOT NULL);
+         INSERT INTO corral_schema_migrations VALUES (1, '0001_initial.sql', 0), \
+         (2, '0002_agent_access.sql', 0), (3, '0003_effects_by_turn.sql', 0);
+         INSERT INTO corral_sessions (id, tenant_id, owner_user_id, agent_id, manifest, \
+         manifest_hash, implementation_version, creation, status, active_turn_id, state, \
+         version, last_cursor, last_item_seq, generation, created_at, updated_at) VALUES \
+         ('s1', 'acme', 'u1', 'a1', '{}', 'sha256:m', '1', '{}', 'waiting', 't1', '{}', \
+         3, 0, 0, 0, 1, 2);
+         INSERT INTO corral_effects (effect_id, session_id, turn_id, kind, status, request, \
+         result, error, created_at, updated_at) VALUES \
+         ('t1:e1', 's1', 't1', 'capability_call', 'pending', '{\"n\":1}', NULL, NULL, 1, 1), \
+         ('t1:e0', 's1', 't1', 'model_call', 'completed', '{}', '{\"text\":\"hi\"}', NULL, 1, 2), \
+         ('t1:e2', 's1', 't1', 'capability_call', 'invoking', '{}', NULL, NULL, 1, 1), \
+         ('t0:e9', 's1', 't0', 'capability_call', 'invoking', '{}', NULL, NULL, 1, 1);
+         INSERT INTO corral_actions (action_id, session_id, turn_id, agent_id, manifest_hash, \
+         implementation_version, capability_id, request, status, generation, created_at, \
+         updated_at) VALUES ('t1:e1', 's1', 't1', 'a1', 'sha256:m', '1', 'crm.update', \
+         '{\"n\":1}', 'pending', 0, 1, 1);"
+    ))?;
+    connection.execute_batch(more)?;
+    Ok(())
+}
+
+/// A migration that would leave a row breaking a foreign key (here one the file had already:
+/// an action whose effect is gone) is refused, and the file stays as it was.
+fn a_migration_that_breaks_a_foreign_key_is_refused() -> anyhow::Result<()> {
+    let folder = tempfile::tempdir()?;
+    let path = folder.path().join("corral.db");
+    version_3_file(
+        &path,
+        "PRAGMA foreign_keys = OFF; DELETE FROM corral_effects WHERE effect_id = 't1:e1'",
+    )?;
+    match SqliteStore::open(&path) {
+        Err(OpenStoreError::Backend {
+            action: "migrate",
+            source,
+        }) if source.to_string().contains("break a foreign key") => {}
+        other => bail!("expected the migration refused, got {other:?}"),
+    }
+    let version: i64 = raw(&path)?.query_row(
+        "SELECT max(version) FROM corral_schema_migrations",
+        [],
+        |row| row.get(0),
+    )?;
+    ensure!(version == 3, "the file was left at version {version}");
     Ok(())
 }
 
