@@ -32,6 +32,10 @@ pub(crate) async fn scheduler(runtime: Arc<Runtime>) {
     runtime.scheduler_up.store(false, Ordering::SeqCst);
 }
 
+/// Claims runnable sessions until none is left (each claim says whether another one was
+/// claimable then) or [`MAX_RUNNING`] segments run. What makes a session claimable afterwards
+/// wakes the scheduler: a command, a segment's end that leaves its session runnable, a slot
+/// freed at [`MAX_RUNNING`], or the poll (other replicas, expired leases).
 async fn claim_all(runtime: &Arc<Runtime>) {
     while !runtime.shutdown.is_cancelled() {
         let busy = runtime.running.lock().map_or(0, |r| r.len());
@@ -45,10 +49,15 @@ async fn claim_all(runtime: &Arc<Runtime>) {
         let segment = match start {
             Ok(SegmentStart::Run(segment)) => segment,
             Ok(SegmentStart::Settled {
-                effects_uncertain, ..
+                effects_uncertain,
+                others_claimable,
+                ..
             }) => {
                 runtime.metrics.effects("uncertain", effects_uncertain);
-                continue;
+                if others_claimable {
+                    continue;
+                }
+                return;
             }
             Ok(_) => return,
             Err(error) => {
@@ -64,17 +73,26 @@ async fn claim_all(runtime: &Arc<Runtime>) {
         // A segment outlives the shutdown signal by its grace period (see `Server::run`).
         let token = runtime.abort.child_token();
         let session_id = segment.session.id.clone();
+        let others_claimable = segment.others_claimable;
         if let Ok(mut running) = runtime.running.lock() {
             running.insert(session_id.clone(), token.clone());
         }
         let task = Arc::clone(runtime);
         runtime.tasks.spawn(async move {
             run_segment(&task, *segment, token).await;
-            if let Ok(mut running) = task.running.lock() {
+            let freed_at_capacity = task.running.lock().is_ok_and(|mut running| {
+                let full = running.len() >= MAX_RUNNING;
                 running.remove(&session_id);
+                full
+            });
+            // The scheduler stopped claiming for want of a slot: there is one now.
+            if freed_at_capacity {
+                task.wake.notify_one();
             }
-            task.wake.notify_one();
         });
+        if !others_claimable {
+            return;
+        }
     }
 }
 

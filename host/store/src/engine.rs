@@ -1135,7 +1135,7 @@ pub(crate) async fn claim_runnable_session<T: Tx>(
 ) -> Result<Option<Lease>, StoreError> {
     require_id("replica id", replica_id)?;
     require_lease(lease)?;
-    let Some(mut session) = tx.next_claimable_session().await? else {
+    let Some((mut session, _)) = tx.next_claimable_session().await? else {
         return Ok(None);
     };
     let now = tx.now().await?;

@@ -169,6 +169,9 @@ pub struct Segment {
     pub journal: TurnEffects,
     /// Effects a previous holder left in flight, now uncertain.
     pub effects_uncertain: usize,
+    /// Whether another session was claimable when this one was claimed: if not, a scheduler
+    /// has nothing more to claim until something wakes it.
+    pub others_claimable: bool,
 }
 
 /// What [`crate::Store::start_segment`] found.
@@ -179,12 +182,14 @@ pub enum SegmentStart {
     Idle,
     /// A session was claimed but has nothing to run (its turn failed for want of a readable
     /// checkpoint, or a previous holder's in-flight effects made it uncertain); its lease is
-    /// released. Look again.
+    /// released. Look again if `others_claimable`.
     Settled {
         /// The session.
         session_id: String,
         /// Effects a previous holder left in flight, now uncertain.
         effects_uncertain: usize,
+        /// Whether another session was claimable when this one was claimed.
+        others_claimable: bool,
     },
     /// A segment to run.
     Run(Box<Segment>),
@@ -845,7 +850,7 @@ pub(crate) async fn start_segment<T: Tx>(
     lease: Duration,
 ) -> Result<SegmentStart, StoreError> {
     engine::require_replica(replica_id, lease)?;
-    let Some(mut session) = tx.next_claimable_session().await? else {
+    let Some((mut session, others_claimable)) = tx.next_claimable_session().await? else {
         return Ok(SegmentStart::Idle);
     };
     let now = tx.now().await?;
@@ -908,6 +913,7 @@ pub(crate) async fn start_segment<T: Tx>(
         return Ok(SegmentStart::Settled {
             session_id: session.id,
             effects_uncertain,
+            others_claimable,
         });
     };
     if session.status != SessionStatus::Running {
@@ -923,6 +929,7 @@ pub(crate) async fn start_segment<T: Tx>(
         checkpoint,
         journal,
         effects_uncertain,
+        others_claimable,
     })))
 }
 

@@ -17,7 +17,7 @@ use crate::error::{BoxError, Entity, OpenStoreError, StoreError};
 use crate::feed::{EventNotice, Feed, Notice, WorkNotice};
 use crate::migrations;
 use crate::model::{Session, StoreBackend, Timestamp};
-use crate::sql::{self, Param, Row, Sql, args, claimable, session_columns};
+use crate::sql::{self, Param, Row, Sql, args, claimable, claimable_count, session_columns};
 use crate::tx::{Fetched, Found, Query, Reads, Tx};
 
 /// The connection settings of `tokio-postgres` (host, port, user, database, timeouts...).
@@ -731,12 +731,15 @@ const LOCK_SESSION: &str = concat!(
 );
 
 /// Claims the oldest claimable session by the server's clock, skipping those other replicas
-/// hold, and reads that clock.
+/// hold, and reads that clock and whether another session is claimable (one that another
+/// replica is claiming at that moment counts).
 const CLAIM_SESSION: &str = concat!(
     "SELECT ",
     session_columns!(),
     ", ",
     clock!(),
+    ", ",
+    claimable_count!(clock!()),
     claimable!(clock!()),
     " FOR UPDATE SKIP LOCKED"
 );
@@ -943,20 +946,20 @@ impl Tx for PgTx<'_> {
         Ok(found)
     }
 
-    async fn next_claimable_session(&mut self) -> Result<Option<Session>, StoreError> {
+    async fn next_claimable_session(&mut self) -> Result<Option<(Session, bool)>, StoreError> {
         let claim = Query {
             operation: "find a runnable session",
             sql: Sql::postgres_only(CLAIM_SESSION),
             params: args![],
             decode: |row| {
                 let clock = Timestamp::from_unix_millis(row.int(20)?);
-                Ok((sql::decode_session(row)?, clock))
+                Ok((sql::decode_session(row)?, clock, row.int(21)? > 1))
             },
         };
         let claimed = self.query(vec![claim]).await?.into_iter().flatten().next();
-        Ok(claimed.map(|(session, clock)| {
+        Ok(claimed.map(|(session, clock, others)| {
             self.now.get_or_insert(clock);
-            session
+            (session, others)
         }))
     }
 }

@@ -196,7 +196,23 @@ macro_rules! claimable {
         )
     };
 }
-pub(crate) use {claimable, session_columns};
+/// A column of the claim: how many sessions are claimable, counting the one claimed and at
+/// most 2, so that 2 says another one is left. The scheduler looks for another session only
+/// then, where it used to find out with a transaction of its own, which found nothing after
+/// nearly every claim. Not correlated with the claimed row, so that it is computed once per
+/// claim rather than once per candidate.
+macro_rules! claimable_count {
+    ($($now:tt)+) => {
+        concat!(
+            "CAST((SELECT count(*) FROM (SELECT 1 FROM corral_sessions \
+             WHERE status IN ('runnable', 'running') \
+             AND (owner_replica IS NULL OR lease_expires_at <= ",
+            $($now)+,
+            ") LIMIT 2) AS claimable) AS BIGINT)"
+        )
+    };
+}
+pub(crate) use {claimable, claimable_count, session_columns};
 
 pub(crate) const PING: Sql = sql!("SELECT CAST(1 AS BIGINT)");
 
@@ -239,7 +255,13 @@ pub(crate) const STATUS_COUNTS: Sql = sql!(
      AND (CAST($3 AS TEXT) IS NULL OR owner_user_id = $3) GROUP BY status ORDER BY status"
 );
 /// Without a lock: the embedded store's write transaction already excludes every other.
-pub(crate) const CLAIMABLE: Sql = sql!("SELECT ", session_columns!(), claimable!("$1"));
+pub(crate) const CLAIMABLE: Sql = sql!(
+    "SELECT ",
+    session_columns!(),
+    ", ",
+    claimable_count!("$1"),
+    claimable!("$1")
+);
 /// The session's last event cursor (a page of events checks its `after` against it).
 pub(crate) const SESSION_CURSOR: Sql =
     sql!("SELECT last_cursor FROM corral_sessions WHERE id = $1");

@@ -471,18 +471,18 @@ pub(crate) trait Tx: Send {
         )
     }
 
-    /// Locks the oldest claimable session, skipping rows other transactions hold; the
-    /// transaction's clock is read by then.
+    /// Locks the oldest claimable session, skipping rows other transactions hold, with whether
+    /// another session is claimable too; the transaction's clock is read by then.
     fn next_claimable_session(
         &mut self,
-    ) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<(Session, bool)>, StoreError>> + Send {
         async move {
             let now = self.now().await?;
             self.row(
                 "find a runnable session",
                 sql::CLAIMABLE,
                 args![now.as_unix_millis()],
-                sql::decode_session,
+                |row| Ok((sql::decode_session(row)?, row.int(20)? > 1)),
             )
             .await
         }

@@ -101,6 +101,7 @@ conformance!(
     approve_and_respond_decide_the_interaction_a_turn_is_paused_on,
     start_segment_runs_each_runnable_session_on_one_replica,
     start_segment_settles_a_session_with_nothing_to_run,
+    a_claim_says_whether_another_session_is_claimable,
     start_segment_hands_the_run_its_turns_journal,
     a_completed_segment_ends_the_turn_and_releases_the_lease,
     a_segment_finishes_with_what_its_journal_held_or_not_at_all,
@@ -921,9 +922,10 @@ async fn a_takeover_marks_what_the_previous_holder_left_in_flight_uncertain(
         SegmentStart::Settled {
             session_id,
             effects_uncertain,
+            others_claimable,
         } => ensure!(
-            session_id == "s1" && effects_uncertain == 1,
-            "settled {session_id} with {effects_uncertain} uncertain"
+            session_id == "s1" && effects_uncertain == 1 && !others_claimable,
+            "settled {session_id} with {effects_uncertain} uncertain ({others_claimable})"
         ),
         other => anyhow::bail!("expected the session settled as uncertain, got {other:?}"),
     }
@@ -2906,6 +2908,33 @@ async fn start_segment_hands_the_run_its_turns_journal(f: &Fixture) -> anyhow::R
     Ok(())
 }
 
+/// A start says whether another session was claimable beside the one it claimed; a session
+/// another start holds under a live lease is not.
+async fn a_claim_says_whether_another_session_is_claimable(f: &Fixture) -> anyhow::Result<()> {
+    let store = &*f.store;
+    for id in ["s1", "s2"] {
+        session(store, id).await?;
+        store.run_command(message(id, "k1", "t1", "hi")).await?;
+    }
+    let first = start(store, "r1").await?;
+    ensure!(
+        first.others_claimable,
+        "{} left one to claim",
+        first.session.id
+    );
+    let second = start(&*f.peer, "r2").await?;
+    ensure!(
+        !second.others_claimable && second.session.id != first.session.id,
+        "{} with {} running: {}",
+        second.session.id,
+        first.session.id,
+        second.others_claimable
+    );
+    let found = store.start_segment("r1", LONG).await?;
+    ensure!(found == SegmentStart::Idle, "both are running: {found:?}");
+    Ok(())
+}
+
 async fn start_segment_settles_a_session_with_nothing_to_run(f: &Fixture) -> anyhow::Result<()> {
     let store = &*f.store;
     // Runnable, but no checkpoint.
@@ -2934,15 +2963,22 @@ async fn start_segment_settles_a_session_with_nothing_to_run(f: &Fixture) -> any
     )));
     applied(store.commit(other_turn).await?)?;
 
+    // Each start says whether another session is left to claim: the first two do, the third
+    // does not, and a start after it finds nothing.
     let mut settled = Vec::new();
     loop {
         match f.peer.start_segment("r1", LONG).await? {
             SegmentStart::Settled {
                 session_id,
                 effects_uncertain,
+                others_claimable,
             } => {
                 ensure!(effects_uncertain == 0);
                 settled.push(session_id);
+                ensure!(
+                    others_claimable == (settled.len() < 3),
+                    "after {settled:?}: others claimable {others_claimable}"
+                );
             }
             SegmentStart::Idle => break,
             other => anyhow::bail!("nothing should run: {other:?}"),
