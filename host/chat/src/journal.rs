@@ -260,6 +260,13 @@ struct Held {
     failure: Option<String>,
 }
 
+impl Held {
+    /// Arms the result window's timer: whether the caller must start it (it was not armed).
+    fn arm(&mut self) -> bool {
+        !std::mem::replace(&mut self.timer_armed, true)
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -456,18 +463,19 @@ impl StoreJournal {
     /// at the end of its window if none comes first. A failure of that commit fails the
     /// journal's next write, like any failed commit.
     fn hold_result(&self, add: impl FnOnce(&mut Held)) -> Result<(), JournalError> {
-        let mut armed = false;
+        let mut start = false;
         self.hold(|held| {
             add(held);
-            armed = std::mem::replace(&mut held.timer_armed, true);
+            start = held.arm();
         })?;
-        if !armed {
+        if start {
             self.commit_at_window_end();
         }
         Ok(())
     }
 
-    /// Commits all that is held at the end of the result window (the caller armed the timer).
+    /// Commits all that is held at the end of the result window (the caller armed the timer,
+    /// [`Held::arm`]).
     fn commit_at_window_end(&self) {
         // Weak: a journal dropped without its run's end (the run's task aborted) loses what it
         // holds, as a process that dies does, and the store is not kept open past it.
@@ -715,7 +723,7 @@ impl ConversationStore for StoreJournal {
     /// of the result window: a commit of their own before every script cost a commit per turn
     /// (`bench/REPORT.md`, "A turn's store transactions, two fewer").
     async fn publish(&self) -> Result<(), JournalError> {
-        let armed = {
+        let start = {
             let mut held = lock(&self.committer.held);
             if let Some(failure) = &held.failure {
                 return Err(JournalError::Failed(failure.clone()));
@@ -723,9 +731,9 @@ impl ConversationStore for StoreJournal {
             if held.events.is_empty() {
                 return Ok(());
             }
-            std::mem::replace(&mut held.timer_armed, true)
+            held.arm()
         };
-        if !armed {
+        if start {
             self.commit_at_window_end();
         }
         Ok(())

@@ -17,7 +17,7 @@ use crate::feed::Notice;
 use crate::model::{
     Action, ActionFilter, ActionGuard, ActionStatus, AgentDefinition, BeginEffect,
     BeginEffectOutcome, Checkpoint, CheckpointWrite, ClaimAction, ClaimedAction, CommandRecord,
-    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectKind, EffectStatus, Event, Fence,
+    CommitOutcome, CommitReceipt, CreatedSession, Effect, EffectStatus, Event, Fence,
     HeartbeatAction, Item, ItemPage, Lease, MAX_PAGE, NewAgent, NewEffect, NewEvent, NewSession,
     RetentionPolicy, RetentionReport, Session, SessionCommit, SessionCount, SessionFilter,
     SessionOwner, SessionStatus, Timestamp, TurnEffects,
@@ -848,7 +848,7 @@ pub(crate) async fn turn_effects<T: Tx>(
     session_id: &str,
     turn_id: &str,
 ) -> Result<TurnEffects, StoreError> {
-    tx.turn_effects(session_id, turn_id, EffectKind::ModelCall)
+    tx.turn_effects(session_id, turn_id)
         .await?
         .ok_or_else(|| StoreError::not_found(Entity::Session, session_id))
 }

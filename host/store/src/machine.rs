@@ -653,8 +653,9 @@ fn cancel(
             // Read already: the commit guards it without reading it again.
             found.actions.insert(action.action_id.clone(), Some(action));
         }
+        // The active turn's effects in flight (`EffectsIn::Invoking(None)`).
         for effect in std::mem::take(&mut found.in_status) {
-            if effect.turn_id == *turn && !touched.contains(&effect.effect_id) {
+            if !touched.contains(&effect.effect_id) {
                 commit.effects.push(
                     EffectTransition::new(
                         &effect.effect_id,

@@ -155,21 +155,39 @@ impl<'a> Reads<'a> {
             });
         }
         if let Some(turn) = self.turn {
-            queries.push(Query {
-                operation: "list a turn's effects",
-                sql: sql::TURN_EFFECTS,
-                params: args![self.session_id, turn],
-                decode: |row| sql::decode_effect(row).map(Fetched::TurnEffect),
-            });
-            queries.push(Query {
-                operation: "count the other turns' effects",
-                sql: sql::EFFECTS_OF_KIND_ELSEWHERE,
-                params: args![self.session_id, turn, EffectKind::ModelCall.as_str()],
-                decode: |row| row.int(0).map(Fetched::ModelCallsElsewhere),
-            });
+            queries.extend(turn_queries(
+                self.session_id,
+                turn,
+                |row| sql::decode_effect(row).map(Fetched::TurnEffect),
+                |row| row.int(0).map(Fetched::ModelCallsElsewhere),
+            ));
         }
         queries
     }
+}
+
+/// A turn's journal ([`TurnEffects`]): its effects, and the count of the session's model
+/// calls in its other turns, each row decoded as the caller's `T`.
+fn turn_queries<'a, T>(
+    session_id: &'a str,
+    turn_id: &'a str,
+    effect: fn(&dyn Row) -> Result<T, StoreError>,
+    count: fn(&dyn Row) -> Result<T, StoreError>,
+) -> [Query<'a, T>; 2] {
+    [
+        Query {
+            operation: "list a turn's effects",
+            sql: sql::TURN_EFFECTS,
+            params: args![session_id, turn_id],
+            decode: effect,
+        },
+        Query {
+            operation: "count the other turns' model calls",
+            sql: sql::EFFECTS_OF_KIND_ELSEWHERE,
+            params: args![session_id, turn_id, EffectKind::ModelCall.as_str()],
+            decode: count,
+        },
+    ]
 }
 
 /// What [`Tx::read`] found.
@@ -760,29 +778,21 @@ pub(crate) trait Tx: Send {
         }
     }
 
-    /// The effects of `turn_id` and how many effects of `kind` the session's other turns
-    /// journaled, in one round trip; `None` when the session does not exist.
+    /// The effects of `turn_id` and how many model calls the session's other turns journaled,
+    /// in one round trip; `None` when the session does not exist.
     fn turn_effects(
         &mut self,
         session_id: &str,
         turn_id: &str,
-        kind: EffectKind,
     ) -> impl Future<Output = Result<Option<TurnEffects>, StoreError>> + Send {
         async move {
-            let queries = vec![
-                Query {
-                    operation: "list a turn's effects",
-                    sql: sql::TURN_EFFECTS,
-                    params: args![session_id, turn_id],
-                    decode: |row| sql::decode_effect(row).map(Listed::Effect),
-                },
-                Query {
-                    operation: "count the other turns' effects",
-                    sql: sql::EFFECTS_OF_KIND_ELSEWHERE,
-                    params: args![session_id, turn_id, kind.as_str()],
-                    decode: |row| row.int(0).map(Listed::Count),
-                },
-            ];
+            let queries = turn_queries(
+                session_id,
+                turn_id,
+                |row| sql::decode_effect(row).map(Listed::Effect),
+                |row| row.int(0).map(Listed::Count),
+            )
+            .into();
             let Some((_, rows)) = self.listing(session_id, queries).await? else {
                 return Ok(None);
             };
