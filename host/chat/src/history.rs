@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use corral_store::{Item, Store, Timestamp};
+use corral_store::{Item, ItemPage, Store, Timestamp};
 
 use crate::journal::JournalError;
 use crate::types::ConversationItem;
@@ -47,18 +47,31 @@ impl Read {
 pub(crate) async fn read_items(
     store: &dyn Store,
     session_id: &str,
-    mut after: u64,
+    after: u64,
+) -> Result<Vec<Read>, JournalError> {
+    let first = store
+        .page_items(session_id, after, corral_store::SHORT_PAGE)
+        .await?;
+    read_pages(store, session_id, first).await
+}
+
+/// The items of `page`, read already, and of the long pages after it, in order.
+pub(crate) async fn read_pages(
+    store: &dyn Store,
+    session_id: &str,
+    mut page: ItemPage,
 ) -> Result<Vec<Read>, JournalError> {
     let mut items = Vec::new();
-    let mut limit = corral_store::SHORT_PAGE;
     loop {
-        let page = store.page_items(session_id, after, limit).await?;
-        limit = corral_store::MAX_PAGE;
         for item in page.items {
             items.push(Read::decode(item)?);
         }
         match page.next_after {
-            Some(next) => after = next,
+            Some(next) => {
+                page = store
+                    .page_items(session_id, next, corral_store::MAX_PAGE)
+                    .await?;
+            }
             None => return Ok(items),
         }
     }

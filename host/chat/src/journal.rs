@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use async_trait::async_trait;
 use corral_store::{
     BeginEffect, BeginEffectOutcome, CheckpointWrite, Effect, EffectKind, EffectStatus,
-    EffectTransition, Fence, NewAction, NewCheckpoint, NewEffect, NewEvent, SessionCommit, Store,
-    StoreError, Timestamp, TurnEffects,
+    EffectTransition, Fence, ItemPage, NewAction, NewCheckpoint, NewEffect, NewEvent,
+    SessionCommit, Store, StoreError, Timestamp, TurnEffects,
 };
 use serde_json::Value;
 
-use crate::history::{HistoryCache, read_items};
+use crate::history::{HistoryCache, read_items, read_pages};
 use crate::types::{ConversationItem, SuspensionContext};
 
 /// A store failure, or a journal entry that does not match what the run asks for.
@@ -195,6 +195,8 @@ pub struct StoreJournal {
     history_cache: Option<Arc<HistoryCache>>,
     /// Whether the run's end leaves what is held to the caller ([`StoreJournal::take_held`]).
     caller_ends: bool,
+    /// The conversation's first page, read with the turn's journal, until `history` takes it.
+    first_items: Mutex<Option<ItemPage>>,
 }
 
 /// How long a model call's or a capability's result waits for the journal's next commit before
@@ -345,6 +347,7 @@ impl StoreJournal {
             result_window: RESULT_WINDOW,
             history_cache: None,
             caller_ends: false,
+            first_items: Mutex::default(),
         }
     }
 
@@ -360,15 +363,21 @@ impl StoreJournal {
         }
     }
 
-    /// The turn's journal, read on first use.
+    /// The turn's journal, read on first use: without a history cache, with the first page of
+    /// the conversation, in one read ([`Store::open_turn`]), kept for [`ConversationStore::history`].
     async fn known(&self) -> Result<&Mutex<Known>, JournalError> {
         self.known
             .get_or_try_init(|| async {
-                let turn = self
-                    .committer
-                    .store
-                    .turn_effects(&self.committer.session_id, &self.turn_id)
-                    .await?;
+                let (store, session_id) = (&self.committer.store, &self.committer.session_id);
+                let turn = if self.history_cache.is_some() {
+                    store.turn_effects(session_id, &self.turn_id).await?
+                } else {
+                    let (page, turn) = store
+                        .open_turn(session_id, &self.turn_id, corral_store::SHORT_PAGE)
+                        .await?;
+                    *lock(&self.first_items) = Some(page);
+                    turn
+                };
                 Ok::<_, JournalError>(Mutex::new(Known::from(turn)))
             })
             .await
@@ -565,14 +574,17 @@ impl ConversationStore for StoreJournal {
     async fn history(&self) -> Result<Vec<ConversationItem>, JournalError> {
         let store = &*self.committer.store;
         let session_id = &self.committer.session_id;
-        match &self.history_cache {
-            Some(cache) => cache.history(store, session_id).await,
-            None => Ok(read_items(store, session_id, 0)
-                .await?
-                .into_iter()
-                .map(|read| read.item)
-                .collect()),
+        if let Some(cache) = &self.history_cache {
+            return cache.history(store, session_id).await;
         }
+        // The first page comes with the turn's journal, unless the journal was given.
+        self.known().await?;
+        let first = lock(&self.first_items).take();
+        let items = match first {
+            Some(page) => read_pages(store, session_id, page).await?,
+            None => read_items(store, session_id, 0).await?,
+        };
+        Ok(items.into_iter().map(|read| read.item).collect())
     }
 
     async fn model_calls_before(&self, turn_id: &str) -> Result<u64, JournalError> {

@@ -240,6 +240,27 @@ impl<B: Backend> Store for B {
         ))
     }
 
+    async fn open_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        limit: usize,
+    ) -> Result<(ItemPage, TurnEffects), StoreError> {
+        let (session_id, turn_id) = (session_id.to_owned(), turn_id.to_owned());
+        // Named apart from a long page: the embedded store runs it inline.
+        let operation = if limit <= crate::SHORT_PAGE {
+            "open_turn"
+        } else {
+            "open_turn (long)"
+        };
+        run!(self, operation, false, |tx| engine::open_turn(
+            tx,
+            &session_id,
+            &turn_id,
+            limit
+        ))
+    }
+
     async fn get_action(&self, action_id: &str) -> Result<Action, StoreError> {
         let action_id = action_id.to_owned();
         run!(self, "get_action", false, |tx| engine::get_action(

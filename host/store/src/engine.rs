@@ -707,9 +707,29 @@ pub(crate) async fn page_items<T: Tx>(
     let limit = require_page(limit)?;
     existing_session(tx, session_id).await?;
     // One row more than asked tells whether another page follows.
-    let mut items = tx
+    let items = tx
         .items_after(session_id, db_int("item sequence", after)?, limit + 1)
         .await?;
+    Ok(item_page(items, limit))
+}
+
+pub(crate) async fn open_turn<T: Tx>(
+    tx: &mut T,
+    session_id: &str,
+    turn_id: &str,
+    limit: usize,
+) -> Result<(ItemPage, TurnEffects), StoreError> {
+    let limit = require_page(limit)?;
+    // One row more than asked tells whether another page follows.
+    let (turn, items) = tx
+        .turn_effects(session_id, turn_id, Some(limit + 1))
+        .await?
+        .ok_or_else(|| StoreError::not_found(Entity::Session, session_id))?;
+    Ok((item_page(items, limit), turn))
+}
+
+/// A page of at most `limit` of `items`, which holds one more when another page follows.
+fn item_page(mut items: Vec<Item>, limit: i64) -> ItemPage {
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
     let next_after = if more {
@@ -717,7 +737,7 @@ pub(crate) async fn page_items<T: Tx>(
     } else {
         None
     };
-    Ok(ItemPage { items, next_after })
+    ItemPage { items, next_after }
 }
 
 pub(crate) async fn live_checkpoint<T: Tx>(
@@ -848,8 +868,9 @@ pub(crate) async fn turn_effects<T: Tx>(
     session_id: &str,
     turn_id: &str,
 ) -> Result<TurnEffects, StoreError> {
-    tx.turn_effects(session_id, turn_id)
+    tx.turn_effects(session_id, turn_id, None)
         .await?
+        .map(|(turn, _)| turn)
         .ok_or_else(|| StoreError::not_found(Entity::Session, session_id))
 }
 

@@ -111,6 +111,8 @@ const INLINE_OPERATIONS: &[&str] = &[
     "append_event",
     "begin_effect",
     "turn_effects",
+    // With a page of at most `SHORT_PAGE` items, as `page_items`.
+    "open_turn",
     // A page of at most `SHORT_PAGE` items; a longer one is `page_items (long)`.
     "page_items",
     "run_command",

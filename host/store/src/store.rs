@@ -157,6 +157,16 @@ pub trait Store: Send + Sync + fmt::Debug {
         turn_id: &str,
     ) -> Result<TurnEffects, StoreError>;
 
+    /// What a run of `turn_id` reads first, in one transaction: [`Store::turn_effects`] and the
+    /// first page of the conversation's items ([`Store::page_items`] after 0, at most `limit`).
+    /// A run that reads both apart makes one transaction more per turn.
+    async fn open_turn(
+        &self,
+        session_id: &str,
+        turn_id: &str,
+        limit: usize,
+    ) -> Result<(ItemPage, TurnEffects), StoreError>;
+
     /// The action `action_id`; [`StoreError::NotFound`] if unknown.
     async fn get_action(&self, action_id: &str) -> Result<Action, StoreError>;
 

@@ -255,6 +255,7 @@ pub(crate) enum Listed {
     Event(Event),
     Effect(Effect),
     Count(i64),
+    Item(Item),
 }
 
 /// The parameters of [`sql::UPDATE_SESSION`]: every mutable field of `s`.
@@ -779,34 +780,46 @@ pub(crate) trait Tx: Send {
     }
 
     /// The effects of `turn_id` and how many model calls the session's other turns journaled,
-    /// in one round trip; `None` when the session does not exist.
+    /// with the session's first `items` items when asked, in one round trip; `None` when the
+    /// session does not exist.
     fn turn_effects(
         &mut self,
         session_id: &str,
         turn_id: &str,
-    ) -> impl Future<Output = Result<Option<TurnEffects>, StoreError>> + Send {
+        items: Option<i64>,
+    ) -> impl Future<Output = Result<Option<(TurnEffects, Vec<Item>)>, StoreError>> + Send {
         async move {
-            let queries = turn_queries(
+            let mut queries: Vec<_> = turn_queries(
                 session_id,
                 turn_id,
                 |row| sql::decode_effect(row).map(Listed::Effect),
                 |row| row.int(0).map(Listed::Count),
             )
             .into();
+            if let Some(limit) = items {
+                queries.push(Query {
+                    operation: "page items",
+                    sql: sql::ITEMS_AFTER,
+                    params: args![session_id, 0_i64, limit],
+                    decode: |row| sql::decode_item(row).map(Listed::Item),
+                });
+            }
             let Some((_, rows)) = self.listing(session_id, queries).await? else {
                 return Ok(None);
             };
             let mut turn = TurnEffects::default();
+            let mut items = Vec::new();
             for row in rows {
                 match row {
                     Listed::Effect(effect) => turn.effects.push(effect),
                     Listed::Count(count) => {
                         turn.model_calls_elsewhere = u64::try_from(count).unwrap_or(0);
                     }
+                    Listed::Item(item) => items.push(item),
                     Listed::Cursor(_) | Listed::Event(_) => {}
                 }
             }
-            Ok(Some(turn))
+            Ok(Some((turn, items)))
         }
     }
 

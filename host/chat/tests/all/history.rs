@@ -212,3 +212,35 @@ async fn a_session_erased_and_created_again_under_its_id_gets_none_of_the_old_co
         "the erased conversation is not served from memory"
     );
 }
+
+/// Without a cache, a turn's first read takes its journal and the conversation's first page in
+/// one transaction ([`Store::open_turn`]); a longer conversation's later pages follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_without_a_cache_reads_its_turn_and_the_conversation_at_once() {
+    let dir = dir();
+    let store = open_store(dir.path()).await;
+    let short: Vec<ConversationItem> = (0..3).map(|n| said(&n.to_string())).collect();
+    add(&store, &short).await;
+    let long: Vec<ConversationItem> = (0..corral_store::SHORT_PAGE + 5)
+        .map(|n| said(&format!("long {n}")))
+        .collect();
+    for (items, transactions) in [(short.clone(), 1), ([short, long.clone()].concat(), 2)] {
+        if transactions == 2 {
+            add(&store, &long).await;
+        }
+        let before = store.transactions();
+        let journal = StoreJournal::new(Arc::clone(&store), "s1", "t-read", None, 0);
+        let (read, calls) = must(futures::try_join!(
+            journal.history(),
+            journal.model_calls_before("t-read")
+        ));
+        assert_eq!(read, items);
+        assert_eq!(calls, 0);
+        assert_eq!(
+            store.transactions() - before,
+            transactions,
+            "{} items",
+            items.len()
+        );
+    }
+}

@@ -455,6 +455,37 @@ async fn items_page_in_order(f: &Fixture) -> anyhow::Result<()> {
             ..
         }
     );
+    // A turn's first read: its journal and the first page, one transaction.
+    store
+        .begin_effect(BeginEffect::new(
+            "s1",
+            model_call("t1:s0:model", "t1", json!({})),
+        ))
+        .await?;
+    let before = store.transactions();
+    let (page, turn) = store.open_turn("s1", "t2", 2).await?;
+    ensure!(store.transactions() == before + 1);
+    ensure!(page.items.iter().map(|i| i.seq).eq([1, 2]) && page.next_after == Some(2));
+    ensure!(
+        turn.effects.is_empty() && turn.model_calls_elsewhere == 1,
+        "{turn:?}"
+    );
+    let (_, turn) = store.open_turn("s1", "t1", 2).await?;
+    ensure!(
+        turn.effects.len() == 1 && turn.model_calls_elsewhere == 0,
+        "{turn:?}"
+    );
+    expect_err!(
+        store.open_turn("s1", "t1", 0).await,
+        StoreError::InvalidInput { .. }
+    );
+    expect_err!(
+        store.open_turn("ghost", "t1", 10).await,
+        StoreError::NotFound {
+            entity: Entity::Session,
+            ..
+        }
+    );
     Ok(())
 }
 
