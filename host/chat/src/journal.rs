@@ -364,7 +364,8 @@ impl StoreJournal {
     }
 
     /// The turn's journal, read on first use: without a history cache, with the first page of
-    /// the conversation, in one read ([`Store::open_turn`]), kept for [`ConversationStore::history`].
+    /// the conversation in one read ([`Store::open_turn`]), the page kept for
+    /// [`ConversationStore::history`].
     async fn known(&self) -> Result<&Mutex<Known>, JournalError> {
         self.known
             .get_or_try_init(|| async {
