@@ -63,6 +63,17 @@ macro_rules! run {
     }};
 }
 
+/// The name of an operation that reads a page of `limit` items: `long` past
+/// [`crate::SHORT_PAGE`], so that the embedded store runs only a short page on the calling task
+/// (`sqlite::INLINE_OPERATIONS`).
+fn paged(limit: usize, short: &'static str, long: &'static str) -> &'static str {
+    if limit <= crate::SHORT_PAGE {
+        short
+    } else {
+        long
+    }
+}
+
 #[async_trait]
 impl<B: Backend> Store for B {
     fn backend(&self) -> StoreBackend {
@@ -163,12 +174,7 @@ impl<B: Backend> Store for B {
         limit: usize,
     ) -> Result<ItemPage, StoreError> {
         let session_id = session_id.to_owned();
-        // Named apart: the embedded store runs a short page inline (`sqlite::INLINE_OPERATIONS`).
-        let operation = if limit <= crate::SHORT_PAGE {
-            "page_items"
-        } else {
-            "page_items (long)"
-        };
+        let operation = paged(limit, "page_items", "page_items (long)");
         run!(self, operation, false, |tx| engine::page_items(
             tx,
             &session_id,
@@ -247,12 +253,7 @@ impl<B: Backend> Store for B {
         limit: usize,
     ) -> Result<(ItemPage, TurnEffects), StoreError> {
         let (session_id, turn_id) = (session_id.to_owned(), turn_id.to_owned());
-        // Named apart from a long page: the embedded store runs it inline.
-        let operation = if limit <= crate::SHORT_PAGE {
-            "open_turn"
-        } else {
-            "open_turn (long)"
-        };
+        let operation = paged(limit, "open_turn", "open_turn (long)");
         run!(self, operation, false, |tx| engine::open_turn(
             tx,
             &session_id,

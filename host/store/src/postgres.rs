@@ -953,7 +953,11 @@ impl Tx for PgTx<'_> {
             params: args![],
             decode: |row| {
                 let clock = Timestamp::from_unix_millis(row.int(20)?);
-                Ok((sql::decode_session(row)?, clock, row.int(21)? > 1))
+                Ok((
+                    sql::decode_session(row)?,
+                    clock,
+                    sql::others_claimable(row, 21)?,
+                ))
             },
         };
         let claimed = self.query(vec![claim]).await?.into_iter().flatten().next();

@@ -540,6 +540,11 @@ impl<'r> Decoder<'r> {
     }
 }
 
+/// Whether a claim's [`claimable_count`] column, at `index`, says another session is left.
+pub(crate) fn others_claimable(row: &dyn Row, index: usize) -> Result<bool, StoreError> {
+    Ok(row.int(index)? > 1)
+}
+
 pub(crate) fn decode_session(row: &dyn Row) -> Result<Session, StoreError> {
     let d = Decoder::new(row, Entity::Session, 0)?;
     let owner = match (row.opt_text(14)?, d.opt_time(15)?) {

@@ -449,6 +449,7 @@ pub(crate) trait Tx: Send {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         async move { self.write("update a session", sql::UPDATE_SESSION, session_update(s)?) }
     }
+
     fn list_sessions(
         &mut self,
         filter: &SessionFilter,
@@ -501,7 +502,7 @@ pub(crate) trait Tx: Send {
                 "find a runnable session",
                 sql::CLAIMABLE,
                 args![now.as_unix_millis()],
-                |row| Ok((sql::decode_session(row)?, row.int(20)? > 1)),
+                |row| Ok((sql::decode_session(row)?, sql::others_claimable(row, 20)?)),
             )
             .await
         }
